@@ -1,0 +1,93 @@
+// flashkv/attention.hpp — exact attention, forward and backward (FlashAttention algorithm).
+//
+// out = softmax(mask(softcap(q·kᵀ · softmax_scale))) · v, computed exactly (never approximated), tile by tile with an
+// online softmax (running max m, running sum l, unnormalized accumulator O; Dao et al., "FlashAttention", NeurIPS 2022,
+// §3.1 Alg. 1) and the FA2 work partitioning (Dao, "FlashAttention-2", 2023, §3.1–3.2: Q-block outer loop, one final
+// division by l). Backward recomputes P from lse (FA2 §3.1.2 Alg. 2): D = rowsum(dout∘out), P = exp(S·scale − lse),
+// dV = Pᵀ·dout, dP = dout·Vᵀ, dS = P∘(dP − D), dQ = dS·K·scale, dK = dSᵀ·Q·scale.
+//
+// LAYOUT (bshd, as flash-attn):
+//   q    [batch, seqlen_q, num_heads,    head_dim]
+//   k    [batch, seqlen_k, num_heads_kv, head_dim]
+//   v    [batch, seqlen_k, num_heads_kv, head_dim_v]
+//   out  [batch, seqlen_q, num_heads,    head_dim_v]       (caller-allocated, same dtype as q)
+//   lse  [batch, num_heads, seqlen_q] float32, natural log (caller-allocated; optional in forward)
+// Varlen (packed): q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)],
+//   cu_seqlens_q/k int32 [batch+1] (cu[0] = 0, non-decreasing, cu[batch] = total), lse [num_heads, total_q].
+// Strides arbitrary except the last dimension, which must be contiguous.
+//
+// DTYPES: q, k, v, out, dout, dq, dk, dv all float32, float16 or bfloat16 (one dtype for all); accumulation in float32.
+//
+// MASK (position i of the query, j of the key, both 0-based within their sequence; shift = seqlen_k − seqlen_q):
+//   visible(i, j) = (window_size_left  < 0 || j >= i + shift − window_size_left)
+//                && (window_size_right < 0 || j <= i + shift + window_size_right)
+//   causal = true is the same as window_size_right = 0 (bottom-right aligned, as flash-attn ≥ 2.1).
+//   A model with a sliding window of W tokens uses (W − 1, 0).
+// SOFTCAP: if softcap > 0, score ← softcap · tanh(score / softcap), where score = q·k · softmax_scale; applied before
+//   masking.
+// EDGES: a query row with no visible key gets out = 0 exactly, lse = −inf and zero gradients; seqlen_k = 0 gives zeros.
+//   Masking never produces NaN; logits of any finite magnitude are handled.
+// GQA/MQA: num_heads % num_heads_kv == 0; query head h reads kv head h / (num_heads / num_heads_kv).
+//
+// ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch
+//   (flashkv::TypeError), head_dim 0 or > 256, num_heads not a multiple of num_heads_kv, bad cu_seqlens, null pointers,
+//   window sizes < −1, softcap < 0 or non-finite, softmax_scale non-finite or <= 0; UnsupportedError for a device/variant
+//   that this build cannot run.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashkv/types.hpp"
+
+namespace flashkv {
+
+/// Which loop structure computes the forward pass. Results are identical up to float32 rounding; the variants exist
+/// to compare the memory traffic of the FlashAttention versions (see bench/ and `flashkv explain tiles`).
+enum class Algorithm : int32_t {
+  tiled = 0,     ///< FA2 order (default): Q-block outer, K/V inner, O/m/l kept in fast memory, one final division.
+  v1_order = 1,  ///< FA1 (2022) order: K/V-block outer, Q inner; O, m, l re-read and re-written every step.
+  naive = 2,     ///< standard attention: S = QKᵀ and P = softmax(S) materialized in full (O(N²) extra memory).
+};
+const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
+
+struct AttentionOptions {
+  std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim)
+  bool causal = false;                 ///< bottom-right aligned; equivalent to window_size_right = 0
+  int32_t window_size_left = -1;       ///< −1 = unbounded (tokens)
+  int32_t window_size_right = -1;      ///< −1 = unbounded (tokens)
+  float softcap = 0.0f;                ///< 0 = off
+  Algorithm algorithm = Algorithm::tiled;
+  bool deterministic = true;           ///< backward: bit-identical run to run (CPU is always deterministic)
+  int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default
+  void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
+};
+
+/// Fixed-length forward. `lse` may be nullptr. See the file comment for shapes, mask and errors.
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView* lse, const AttentionOptions& options = {});
+
+/// Fixed-length backward. out/lse must come from attention_forward with the same options; dq, dk, dv are
+/// caller-allocated like q, k, v (overwritten, not accumulated into).
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const AttentionOptions& options = {});
+
+/// Varlen (packed) forward. max_seqlen_q/k are upper bounds of the per-sequence lengths (checked).
+void attention_varlen_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k, const TensorView& out, const TensorView* lse,
+                              const AttentionOptions& options = {});
+
+/// Varlen (packed) backward; lse is [num_heads, total_q].
+void attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                               int64_t max_seqlen_k, const TensorView& out, const TensorView& lse,
+                               const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                               const TensorView& dv, const AttentionOptions& options = {});
+
+/// Library version "MAJOR.MINOR.PATCH".
+const char* version();
+
+}  // namespace flashkv

@@ -1,0 +1,5 @@
+#include "flashkv/attention.hpp"
+
+namespace flashkv {
+const char* version() { return FLASHKV_VERSION_STRING; }
+}  // namespace flashkv
