@@ -46,4 +46,23 @@ const char* flashkv_version(void) { return flashkv::version(); }
 int32_t flashkv_abi_version(void) { return FLASHKV_ABI_VERSION; }
 const char* flashkv_last_error(void) { return flashkv::capi::last_error_c_str(); }
 
+flashkv_status flashkv_attention_options_default(flashkv_attention_options* opts) {
+  return flashkv::capi::guard([&] {
+    if (opts == nullptr) throw flashkv::Error("opts", "a flashkv_attention_options pointer", "NULL pointer");
+    const flashkv::AttentionOptions d;  // the C++ defaults are the single source of truth
+    *opts = flashkv_attention_options{};
+    opts->struct_size = static_cast<uint32_t>(sizeof(flashkv_attention_options));
+    opts->has_softmax_scale = d.softmax_scale.has_value() ? 1 : 0;
+    opts->softmax_scale = d.softmax_scale.value_or(0.0f);
+    opts->causal = d.causal ? 1 : 0;
+    opts->window_size_left = d.window_size_left;
+    opts->window_size_right = d.window_size_right;
+    opts->softcap = d.softcap;
+    opts->algorithm = static_cast<int32_t>(d.algorithm);
+    opts->deterministic = d.deterministic ? 1 : 0;
+    opts->num_threads = d.num_threads;
+    opts->stream = d.stream;
+  });
+}
+
 }  // extern "C"
