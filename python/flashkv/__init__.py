@@ -1,0 +1,29 @@
+"""flashkv — exact IO-aware attention (FlashAttention algorithm) and quantized KV caches, over the flashkv C ABI.
+
+Pure Python (ctypes) over libflashkv.so; see flashkv/_library.py for how the library is found and docs/python.md.
+Accepts numpy arrays (and objects with __array_interface__ / CPU __dlpack__) and torch tensors (duck-typed).
+"""
+from ._library import CapacityError, UnsupportedError, library_path
+from .attention import attention, attention_backward, attention_varlen, attention_varlen_backward
+
+__version__ = "0.1.0"  # kept equal to project(flashkv VERSION ...) in CMakeLists.txt (checked by tests/python)
+
+
+def library_version() -> str:
+    """Version string of the loaded libflashkv.so (flashkv_version())."""
+    from ._library import lib
+
+    return lib().flashkv_version().decode()
+
+
+__all__ = [
+    "__version__",
+    "attention",
+    "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
+    "library_path",
+    "library_version",
+    "UnsupportedError",
+    "CapacityError",
+]

@@ -1,0 +1,278 @@
+"""Exact attention (forward and backward) over the flashkv C ABI.
+
+Algorithm: FlashAttention (Dao et al., NeurIPS 2022, §3.1 Alg. 1: tiles + online softmax with running max m, running
+sum l and an unnormalized accumulator O) with the FA2 work partitioning (Dao 2023, §3.1–3.2); the backward pass
+recomputes P from lse (FA2 §3.1.2 Alg. 2). Results are exact up to float32 rounding; see include/flashkv/attention.hpp.
+
+Layout (bshd, as flash-attn):
+    q    [batch, seqlen_q, num_heads,    head_dim]
+    k    [batch, seqlen_k, num_heads_kv, head_dim]
+    v    [batch, seqlen_k, num_heads_kv, head_dim_v]
+    out  [batch, seqlen_q, num_heads,    head_dim_v]   (same dtype as q)
+    lse  [batch, num_heads, seqlen_q] float32, natural log (-inf for a row that sees no key)
+Varlen (packed): q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32
+    [batch + 1], lse [num_heads, total_q].
+
+dtypes: float32, float16, bfloat16 (one dtype for q, k, v, dout, out); float32 accumulation; outputs in the input dtype.
+bfloat16 is either an ``ml_dtypes.bfloat16`` numpy array or a uint16 array of bit patterns with ``dtype="bfloat16"``.
+
+Mask (i = query position, j = key position within a sequence, shift = seqlen_k - seqlen_q):
+    visible(i, j) = (left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)
+with (left, right) = window_size; causal=True is window_size[1] = 0 (bottom-right aligned). A model with a sliding
+window of W tokens uses window_size=(W - 1, 0). softcap > 0 applies softcap * tanh(score / softcap) before masking.
+GQA/MQA: num_heads must be a multiple of num_heads_kv.
+
+Errors: ValueError for bad shapes, ranks, strides or values; TypeError for wrong dtypes or object kinds; each message
+names the argument with expected vs actual. flashkv.UnsupportedError for what this build cannot run.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any, Sequence
+
+from . import _library as L
+from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
+
+
+def _options(
+    causal: bool,
+    window_size: Sequence[int],
+    softcap: float,
+    softmax_scale: float | None,
+    algorithm: str,
+    num_threads: int,
+    deterministic: bool,
+) -> L.AttentionOptions:
+    o = L.default_options()
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"flashkv: argument 'window_size': expected a pair (left, right) of ints (-1 = unbounded), got "
+            f"{window_size!r}"
+        ) from e
+    if algorithm not in L.ALGORITHMS:
+        raise ValueError(
+            f"flashkv: argument 'algorithm': expected one of {', '.join(L.ALGORITHMS)}, got {algorithm!r}"
+        )
+    o.causal = 1 if causal else 0
+    o.window_size_left, o.window_size_right = left, right
+    if not isinstance(softcap, (int, float)):
+        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
+    o.softcap = float(softcap)
+    if softmax_scale is not None:
+        if not isinstance(softmax_scale, (int, float)):
+            raise TypeError(
+                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
+            )
+        o.has_softmax_scale = 1
+        o.softmax_scale = float(softmax_scale)
+        if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
+            raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
+    o.algorithm = L.ALGORITHMS[algorithm]
+    o.num_threads = int(num_threads)
+    o.deterministic = 1 if deterministic else 0
+    return o
+
+
+def _check_dtype_arg(dtype: str | None) -> None:
+    if dtype not in (None, "bfloat16"):
+        raise ValueError(
+            f"flashkv: argument 'dtype': expected None or 'bfloat16' (uint16 bit patterns), got {dtype!r}"
+        )
+
+
+def _need_rank(t: TensorArg, ndim: int, layout: str) -> None:
+    if len(t.shape) != ndim:
+        raise ValueError(
+            f"flashkv: argument '{t.name}': expected {ndim} dimensions {layout}, got {len(t.shape)} dimensions "
+            f"{list(t.shape)}"
+        )
+
+
+def _with_stream(o: L.AttentionOptions, args: list[TensorArg]) -> L.AttentionOptions:
+    stream = cuda_stream(args)
+    if stream is not None:
+        o.stream = stream
+    return o
+
+
+def _max_seqlen(cu: TensorArg, given: int | None, name: str) -> int:
+    if given is not None:
+        return int(given)
+    if len(cu.shape) != 1 or cu.shape[0] < 2 or cu.device != "cpu":
+        if cu.device != "cpu":
+            raise ValueError(f"flashkv: argument '{name}': expected an int for device tensors, got None")
+        return 0  # the library reports the malformed cu_seqlens
+    c = cu.obj
+    return max(0, int((c[1:] - c[:-1]).max()))
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    algorithm: str = "tiled",
+    *,
+    dtype: str | None = None,
+    num_threads: int = 0,
+) -> Any:
+    """Fixed-length exact attention forward.
+
+    Args:
+        q, k, v: bshd arrays (see the module docstring); any strides, last dimension contiguous.
+        causal: bottom-right aligned causal mask (same as window_size[1] = 0).
+        window_size: (left, right) in tokens, -1 = unbounded.
+        softcap: 0 = off; else score = softcap * tanh(score / softcap).
+        softmax_scale: default 1 / sqrt(head_dim).
+        return_lse: also return lse [batch, num_heads, seqlen_q] float32 (natural log).
+        algorithm: "tiled" (FA2 order, default), "v1" (FA1 2022 loop order) or "naive" (materializes S and P).
+        dtype: None, or "bfloat16" to read uint16 arrays as bfloat16 bit patterns (outputs are uint16 then).
+        num_threads: CPU threads, 0 = OpenMP default.
+    Returns:
+        out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
+        return_lse.
+    """
+    _check_dtype_arg(dtype)
+    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
+    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    _need_rank(tq, 4, "[batch, seqlen_q, num_heads, head_dim]")
+    _need_rank(tv, 4, "[batch, seqlen_k, num_heads_kv, head_dim_v]")
+    out = new_output(tq, tq.shape[:3] + tv.shape[3:], "out")
+    lse = new_output(tq, (tq.shape[0], tq.shape[2], tq.shape[1]), "lse", float32=True) if return_lse else None
+    _with_stream(o, [tq, tk, tv])
+    L.check(
+        L.lib().flashkv_attention_forward(
+            tq.ptr, tk.ptr, tv.ptr, out.ptr, lse.ptr if lse is not None else None, ctypes.byref(o)
+        )
+    )
+    return (out.obj, lse.obj) if return_lse else out.obj
+
+
+def attention_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    softmax_scale: float | None = None,
+    *,
+    dtype: str | None = None,
+    num_threads: int = 0,
+) -> tuple[Any, Any, Any]:
+    """Fixed-length backward (FA2 Alg. 2: recomputes P = exp(S * scale - lse) tile by tile; deterministic).
+
+    `out` and `lse` must come from `attention(..., return_lse=True)` with the same options. dout is like out.
+    Returns (dq, dk, dv) shaped and typed like q, k, v (same kind as q). Gradients of rows that see no key are 0.
+    """
+    _check_dtype_arg(dtype)
+    o = _options(causal, window_size, softcap, softmax_scale, "tiled", num_threads, True)
+    tdo = to_tensor(dout, "dout", dtype)
+    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
+    dq, dk, dv = new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
+    _with_stream(o, [tq, tk, tv])
+    L.check(
+        L.lib().flashkv_attention_backward(
+            tq.ptr, tk.ptr, tv.ptr, tout.ptr, tlse.ptr, tdo.ptr, dq.ptr, dk.ptr, dv.ptr, ctypes.byref(o)
+        )
+    )
+    return dq.obj, dk.obj, dv.obj
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    algorithm: str = "tiled",
+    *,
+    dtype: str | None = None,
+    num_threads: int = 0,
+) -> Any:
+    """Varlen (packed) forward: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against the matching k/v rows.
+
+    q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32 [batch + 1]
+    (0 first, non-decreasing, last = total). max_seqlen_q/k default to the longest sequence (computed from CPU
+    cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
+    [num_heads, total_q] float32 if return_lse). Mask and options as in `attention`, per sequence.
+    """
+    _check_dtype_arg(dtype)
+    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
+    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
+    _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")
+    mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
+    out = new_output(tq, tq.shape[:2] + tv.shape[2:], "out")
+    lse = new_output(tq, (tq.shape[1], tq.shape[0]), "lse", float32=True) if return_lse else None
+    _with_stream(o, [tq, tk, tv])
+    L.check(
+        L.lib().flashkv_attention_varlen_forward(
+            tq.ptr, tk.ptr, tv.ptr, tcq.ptr, tck.ptr, mq, mk, out.ptr, lse.ptr if lse is not None else None,
+            ctypes.byref(o),
+        )
+    )
+    return (out.obj, lse.obj) if return_lse else out.obj
+
+
+def attention_varlen_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    softmax_scale: float | None = None,
+    *,
+    dtype: str | None = None,
+    num_threads: int = 0,
+) -> tuple[Any, Any, Any]:
+    """Varlen backward; lse is [num_heads, total_q] from `attention_varlen(..., return_lse=True)`.
+
+    Returns (dq, dk, dv) shaped and typed like q, k, v.
+    """
+    _check_dtype_arg(dtype)
+    o = _options(causal, window_size, softcap, softmax_scale, "tiled", num_threads, True)
+    tdo = to_tensor(dout, "dout", dtype)
+    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
+    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
+    dq, dk, dv = new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
+    _with_stream(o, [tq, tk, tv])
+    L.check(
+        L.lib().flashkv_attention_varlen_backward(
+            tq.ptr, tk.ptr, tv.ptr, tcq.ptr, tck.ptr, mq, mk, tout.ptr, tlse.ptr, tdo.ptr, dq.ptr, dk.ptr, dv.ptr,
+            ctypes.byref(o),
+        )
+    )
+    return dq.obj, dk.obj, dv.obj
+
+
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward"]
