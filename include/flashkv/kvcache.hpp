@@ -147,10 +147,14 @@ struct KVCacheConfig {
 };
 
 /// Bytes of one quantized group of a cache half, for the memory formula. All exact integers.
+///   fp32 4·d | bf16/fp16 2·d | fp8 d (+4 B float32 scale per token-head if dynamic) | int8 d, int4 d/2 (+4 B = fp16
+///   scale + fp16 min per channel group per token-head) | KIVI K: d·bits/8 per token-head + 4·d B per G tokens
+///   (fp16 scale + min per channel) | KIVI V: d·bits/8 + 4·(d/G) B per token-head.
 struct KVFormatBytes {
   int64_t code_bytes_per_token_head = 0;  ///< packed codes of one token's head_dim values
-  int64_t meta_bytes_per_page_head = 0;   ///< metadata of one (page, kv-head)
-  int32_t tokens_per_group = 1;           ///< Gq contribution: G for KIVI keys, else 1
+  int64_t meta_bytes_per_group = 0;       ///< metadata of one group of tokens_per_group tokens of one kv-head
+  int32_t tokens_per_group = 1;           ///< tokens sharing one metadata group: G for KIVI keys, else 1
+  int64_t meta_bytes_per_page_head = 0;   ///< page_size / tokens_per_group · meta_bytes_per_group
 };
 /// Storage of one half for the given head_dim / page_size (validates the combination like KVCacheConfig::validate).
 KVFormatBytes kv_format_bytes(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_t page_size);

@@ -1,0 +1,302 @@
+// PagedKVCache::attention — attention of query tokens against the packed cache, computed tile by tile.
+//
+// Work decomposition (flash-decoding; Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", 2023):
+// one task per (sequence, kv-head, split of the visible key range). A task holds the g = num_heads / num_heads_kv
+// query heads × n_q query tokens that share the kv-head (GQA packing), walks its key range in tiles (a page of the
+// quantized stream, or a run of sink / residual slots), decodes each K and V tile once into a small float buffer
+// (KVCodec::decode) and updates an online softmax (running max m, sum l, unnormalized accumulator; FlashAttention,
+// Dao et al. 2022, Alg. 1). Splits are merged with their log-sum-exp: M = max m_s, L = Σ l_s·e^{m_s−M},
+// out = Σ acc_s·e^{m_s−M} / L, lse = M + log L. The whole cache is never dequantized at once.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include <omp.h>
+
+#include "core/float16.hpp"
+#include "core/mask.hpp"
+#include "core/validate.hpp"
+#include "kvcache/cache_impl.hpp"
+
+namespace flashkv {
+
+namespace {
+
+constexpr int64_t kTile = 64;  // max tokens per decoded tile
+
+/// exp(x) for x <= 0 (scores minus the running max), vectorizable; relative error ~2e-7, exp(x < −87) = 0.
+inline float exp_neg(float x) {
+  const bool underflow = x < -87.0f;
+  x = x < -87.0f ? -87.0f : x;
+  const float fi = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x·log2 e)
+  const float y = x - fi * 0.693145751953125f - fi * 1.428606765330187045e-6f;
+  float p = 1.0f / 720.0f;
+  p = p * y + 1.0f / 120.0f;
+  p = p * y + 1.0f / 24.0f;
+  p = p * y + 1.0f / 6.0f;
+  p = p * y + 0.5f;
+  p = p * y + 1.0f;
+  p = p * y + 1.0f;
+  const int32_t i = static_cast<int32_t>(fi);
+  const float two_i = bits_to_float(static_cast<uint32_t>(i + 127) << 23);
+  return underflow ? 0.0f : p * two_i;
+}
+
+float load_q(const TensorView& t, int64_t i, int64_t h, int64_t c) {
+  const int64_t off = i * t.strides[0] + h * t.strides[1] + c * t.strides[2];
+  switch (t.dtype) {
+    case DType::float32: return static_cast<const float*>(t.data)[off];
+    case DType::float16: return fp16_to_float(static_cast<const uint16_t*>(t.data)[off]);
+    default: return bf16_to_float(static_cast<const uint16_t*>(t.data)[off]);
+  }
+}
+
+void store_out(const TensorView& t, int64_t i, int64_t h, int64_t c, float x) {
+  const int64_t off = i * t.strides[0] + h * t.strides[1] + c * t.strides[2];
+  switch (t.dtype) {
+    case DType::float32: static_cast<float*>(t.data)[off] = x; break;
+    case DType::float16: static_cast<uint16_t*>(t.data)[off] = float_to_fp16(x); break;
+    default: static_cast<uint16_t*>(t.data)[off] = float_to_bf16(x); break;
+  }
+}
+
+struct Task {
+  int32_t b;         // index into seq_ids
+  int32_t hk;        // kv head
+  int64_t k0, k1;    // key positions
+  int64_t part;      // offset (in rows) of this task's partial results
+};
+
+}  // namespace
+
+void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const int32_t> cu_seqlens_q, int32_t layer,
+                             const TensorView& q, const TensorView& out, const TensorView* lse,
+                             const KVAttentionOptions& options) const {
+  const Impl& m = *impl_;
+  const int64_t H = m.cfg.num_heads_kv, d = m.cfg.head_dim;
+  m.check_layer(layer);
+  const int64_t batch = static_cast<int64_t>(seq_ids.size());
+  if (static_cast<int64_t>(cu_seqlens_q.size()) != batch + 1) {
+    throw Error("cu_seqlens_q", "batch + 1 = " + std::to_string(batch + 1) + " entries",
+                std::to_string(cu_seqlens_q.size()));
+  }
+  core::check_rank_and_layout(q, "q", 3, "[total_q, num_heads, head_dim]");
+  if (q.dtype != DType::float32 && q.dtype != DType::float16 && q.dtype != DType::bfloat16) {
+    throw TypeError("q.dtype", "float32, float16 or bfloat16", dtype_name(q.dtype));
+  }
+  if (q.device != Device::cpu) throw TypeError("q.device", "cpu", device_name(q.device));
+  const int64_t total_q = q.shape[0], num_heads = q.shape[1];
+  core::check_dim(q, "q", 2, d, "head_dim");
+  if (num_heads < 1 || num_heads % H != 0) {
+    throw Error("q", "num_heads (shape[1]) a positive multiple of num_heads_kv " + std::to_string(H),
+                std::to_string(num_heads));
+  }
+  if (cu_seqlens_q[0] != 0) throw Error("cu_seqlens_q", "cu_seqlens_q[0] == 0", std::to_string(cu_seqlens_q[0]));
+  for (int64_t b = 0; b < batch; ++b) {
+    if (cu_seqlens_q[b + 1] < cu_seqlens_q[b]) {
+      throw Error("cu_seqlens_q", "non-decreasing values", "cu_seqlens_q[" + std::to_string(b + 1) + "] = " +
+                  std::to_string(cu_seqlens_q[b + 1]) + " < " + std::to_string(cu_seqlens_q[b]));
+    }
+    (void)m.seq(seq_ids[b], "seq_ids");
+  }
+  if (cu_seqlens_q[batch] != total_q) {
+    throw Error("cu_seqlens_q", "last entry == q.shape[0] = " + std::to_string(total_q),
+                std::to_string(cu_seqlens_q[batch]));
+  }
+  core::check_rank_and_layout(out, "out", 3, "[total_q, num_heads, head_dim]");
+  core::check_dtype(out, "out", q.dtype);
+  if (out.device != Device::cpu) throw TypeError("out.device", "cpu", device_name(out.device));
+  core::check_dim(out, "out", 0, total_q, "total_q");
+  core::check_dim(out, "out", 1, num_heads, "num_heads");
+  core::check_dim(out, "out", 2, d, "head_dim");
+  if (lse != nullptr) {
+    if (lse->ndim != 2) throw Error("lse", "2 dimensions [num_heads, total_q]", lse->describe());
+    core::check_dtype(*lse, "lse", DType::float32);
+    if (lse->device != Device::cpu) throw TypeError("lse.device", "cpu", device_name(lse->device));
+    core::check_dim(*lse, "lse", 0, num_heads, "num_heads");
+    core::check_dim(*lse, "lse", 1, total_q, "total_q");
+    core::check_data(*lse, "lse");
+  }
+  core::check_data(q, "q");
+  core::check_data(out, "out");
+  const float scale = options.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
+  if (!std::isfinite(scale) || scale <= 0.0f) {
+    throw Error("options.softmax_scale", "finite and > 0", std::to_string(scale));
+  }
+  if (options.window_size_left < -1) {
+    throw Error("options.window_size_left", ">= -1", std::to_string(options.window_size_left));
+  }
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
+    throw Error("options.softcap", "finite and >= 0", std::to_string(options.softcap));
+  }
+  if (options.num_splits < 0 || options.num_splits > 1024) {
+    throw Error("options.num_splits", "0..1024", std::to_string(options.num_splits));
+  }
+  if (options.num_threads < 0) throw Error("options.num_threads", ">= 0", std::to_string(options.num_threads));
+  if (total_q == 0) return;
+
+  const int64_t g = num_heads / H;
+  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+
+  // ---- tasks --------------------------------------------------------------------------------------------------------
+  std::vector<const Impl::Seq*> seqp(static_cast<size_t>(batch));
+  std::vector<core::MaskRule> rules(static_cast<size_t>(batch));
+  std::vector<Task> tasks;
+  std::vector<int64_t> task_begin(static_cast<size_t>(batch * H + 1), 0);  // tasks of (b, hk)
+  int64_t part_rows = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const Impl::Seq& s = m.seq(seq_ids[b]);
+    seqp[static_cast<size_t>(b)] = &s;
+    const int64_t n = s.n[static_cast<size_t>(layer)], nqb = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
+    core::MaskRule rule{nqb, n, options.window_size_left, options.causal ? 0 : -1};
+    rules[static_cast<size_t>(b)] = rule;
+    int64_t lo = 0, hi = 0;
+    rule.block_key_range(0, nqb, &lo, &hi);
+    const int64_t len = std::max<int64_t>(hi - lo, 0);
+    int64_t ns = options.num_splits;
+    if (ns == 0) {
+      const int64_t want = (2 * threads + batch * H - 1) / (batch * H);
+      ns = std::min<int64_t>(want, len / 512);
+    }
+    ns = std::max<int64_t>(1, std::min<int64_t>(ns, (len + 15) / 16));
+    const int64_t chunk = ((len + ns - 1) / ns + 15) / 16 * 16;
+    for (int64_t hk = 0; hk < H; ++hk) {
+      task_begin[static_cast<size_t>(b * H + hk)] = static_cast<int64_t>(tasks.size());
+      if (nqb == 0) continue;
+      int64_t k0 = lo;
+      do {
+        const int64_t k1 = std::min(hi, k0 + chunk);
+        tasks.push_back(Task{static_cast<int32_t>(b), static_cast<int32_t>(hk), k0, std::max(k0, k1), part_rows});
+        part_rows += g * nqb;
+        k0 = k1;
+      } while (k0 < hi);
+    }
+  }
+  task_begin[static_cast<size_t>(batch * H)] = static_cast<int64_t>(tasks.size());
+  std::vector<float> part_acc(static_cast<size_t>(part_rows * d));
+  std::vector<float> part_m(static_cast<size_t>(part_rows)), part_l(static_cast<size_t>(part_rows));
+
+  // ---- per-task online softmax over tiles ---------------------------------------------------------------------------
+  const float softcap = options.softcap;
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> kt(static_cast<size_t>(kTile * d)), vt(static_cast<size_t>(kTile * d)), sc(kTile);
+    std::vector<float> qrow;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t ti = 0; ti < ntasks; ++ti) {
+      const Task& T = tasks[static_cast<size_t>(ti)];
+      const Impl::Seq& s = *seqp[static_cast<size_t>(T.b)];
+      const core::MaskRule& rule = rules[static_cast<size_t>(T.b)];
+      const int64_t nqb = rule.seqlen_q, q_off = cu_seqlens_q[T.b];
+      const int64_t rows = g * nqb;
+      qrow.resize(static_cast<size_t>(rows * d));
+      for (int64_t qi = 0; qi < nqb; ++qi) {
+        for (int64_t hh = 0; hh < g; ++hh) {
+          float* qr = qrow.data() + (qi * g + hh) * d;
+          for (int64_t c = 0; c < d; ++c) qr[c] = load_q(q, q_off + qi, T.hk * g + hh, c);
+          if (m.rot_k) hadamard_rotate(qr, static_cast<int32_t>(d), m.rot_signs.data(), false);
+          for (int64_t c = 0; c < d; ++c) qr[c] *= scale;
+        }
+      }
+      float* acc = part_acc.data() + T.part * d;
+      float* mm = part_m.data() + T.part;
+      float* ll = part_l.data() + T.part;
+      std::fill(acc, acc + rows * d, 0.0f);
+      std::fill(mm, mm + rows, -std::numeric_limits<float>::infinity());
+      std::fill(ll, ll + rows, 0.0f);
+      m.for_each_tile(s, layer, T.k0, T.k1, kTile, [&](int64_t t0, int64_t t1) {
+        // rows of this tile's visible band
+        int64_t qa = 0, qb = 0;
+        rule.block_query_range(t0, t1, &qa, &qb);
+        if (qb <= qa) return;
+        m.decode_range(s, layer, 0, T.hk, t0, t1, kt.data());
+        m.decode_range(s, layer, 1, T.hk, t0, t1, vt.data());
+        for (int64_t qi = qa; qi < qb; ++qi) {
+          const int64_t j0 = std::max(t0, rule.row_first(qi)), j1 = std::min(t1, rule.row_last(qi));
+          if (j1 <= j0) continue;
+          for (int64_t hh = 0; hh < g; ++hh) {
+            const int64_t r = qi * g + hh;
+            const float* qr = qrow.data() + r * d;
+            float tmax = -std::numeric_limits<float>::infinity();
+            for (int64_t j = j0; j < j1; ++j) {
+              const float* kr = kt.data() + (j - t0) * d;
+              float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+              for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
+              if (softcap > 0.0f) dot = softcap * std::tanh(dot / softcap);
+              sc[static_cast<size_t>(j - j0)] = dot;
+              tmax = std::max(tmax, dot);
+            }
+            float* a = acc + r * d;
+            if (tmax > mm[r]) {
+              const float corr = mm[r] == -std::numeric_limits<float>::infinity() ? 0.0f : exp_neg(mm[r] - tmax);
+              ll[r] *= corr;
+#pragma omp simd
+              for (int64_t c = 0; c < d; ++c) a[c] *= corr;
+              mm[r] = tmax;
+            }
+            const float mr = mm[r];
+            const int64_t cnt = j1 - j0;
+            float lsum = 0.0f;
+            float* scp = sc.data();
+#pragma omp simd reduction(+ : lsum)
+            for (int64_t j = 0; j < cnt; ++j) {
+              scp[j] = exp_neg(scp[j] - mr);
+              lsum += scp[j];
+            }
+            ll[r] += lsum;
+            for (int64_t j = 0; j < cnt; ++j) {
+              const float p = scp[j];
+              const float* vr = vt.data() + (j0 - t0 + j) * d;
+#pragma omp simd
+              for (int64_t c = 0; c < d; ++c) a[c] += p * vr[c];
+            }
+          }
+        }
+      });
+    }
+  }
+
+  // ---- merge splits, normalize, rotate back, store -----------------------------------------------------------------
+  const int64_t nbh = batch * H;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t bh = 0; bh < nbh; ++bh) {
+    const int64_t b = bh / H, hk = bh % H;
+    const int64_t t_begin = task_begin[static_cast<size_t>(bh)], t_end = task_begin[static_cast<size_t>(bh + 1)];
+    const int64_t nqb = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
+    std::vector<float> o(static_cast<size_t>(d));
+    for (int64_t r = 0; r < g * nqb; ++r) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (int64_t t = t_begin; t < t_end; ++t) M = std::max(M, part_m[static_cast<size_t>(tasks[t].part + r)]);
+      float L = 0.0f;
+      std::fill(o.begin(), o.end(), 0.0f);
+      if (M != -std::numeric_limits<float>::infinity()) {
+        for (int64_t t = t_begin; t < t_end; ++t) {
+          const int64_t pr = tasks[static_cast<size_t>(t)].part + r;
+          if (part_m[static_cast<size_t>(pr)] == -std::numeric_limits<float>::infinity()) continue;
+          const float w = std::exp(part_m[static_cast<size_t>(pr)] - M);
+          L += part_l[static_cast<size_t>(pr)] * w;
+          const float* a = part_acc.data() + pr * d;
+          for (int64_t c = 0; c < d; ++c) o[static_cast<size_t>(c)] += w * a[c];
+        }
+      }
+      const int64_t qi = r / g, hq = hk * g + r % g;
+      if (L > 0.0f) {
+        const float inv = 1.0f / L;
+        for (int64_t c = 0; c < d; ++c) o[static_cast<size_t>(c)] *= inv;
+        if (m.rot_v) hadamard_rotate(o.data(), static_cast<int32_t>(d), m.rot_signs.data(), true);
+      }
+      const int64_t tq = cu_seqlens_q[b] + qi;
+      for (int64_t c = 0; c < d; ++c) store_out(out, tq, hq, c, o[static_cast<size_t>(c)]);
+      if (lse != nullptr) {
+        const float lv = L > 0.0f ? M + std::log(L) : -std::numeric_limits<float>::infinity();
+        static_cast<float*>(lse->data)[hq * lse->strides[0] + tq * lse->strides[1]] = lv;
+      }
+    }
+  }
+}
+
+}  // namespace flashkv
