@@ -1,0 +1,48 @@
+// Shared helpers for the engine tests: shipped-model paths, the test seed, temp files.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unistd.h>
+#include <string>
+#include <vector>
+
+#include "flashkv/engine.hpp"
+
+namespace flashkv::test {
+
+/// ../shared/models relative to the source tree (FLASHKV_MODELS_DIR overrides).
+inline std::string model_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
+inline std::string model_path() { return model_dir() + "/aidreams260K.bin"; }
+inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512.bin"; }
+
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("FLASHKV_TEST_SEED");
+    uint64_t s = env ? std::strtoull(env, nullptr, 10) : static_cast<uint64_t>(std::random_device{}());
+    std::printf("[flashkv] FLASHKV_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+inline std::string temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("flashkv_engine_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+inline std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+}  // namespace flashkv::test
