@@ -82,11 +82,11 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
   const char* k_layout = varlen ? "(total_k, num_heads_kv, head_dim)" : "(batch, seqlen_k, num_heads_kv, head_dim)";
   const char* v_layout =
       varlen ? "(total_k, num_heads_kv, head_dim_v)" : "(batch, seqlen_k, num_heads_kv, head_dim_v)";
-  check_rank_and_layout(q, "q", 4 - off, q_layout);
+  check_rank_and_layout(q, "q", 3 + off, q_layout);
   if (!is_attention_dtype(q.dtype)) throw TypeError("q", "float32, float16 or bfloat16", dtype_name(q.dtype));
-  check_rank_and_layout(k, "k", 4 - off, k_layout);
+  check_rank_and_layout(k, "k", 3 + off, k_layout);
   check_like_q(k, "k", q);
-  check_rank_and_layout(v, "v", 4 - off, v_layout);
+  check_rank_and_layout(v, "v", 3 + off, v_layout);
   check_like_q(v, "v", q);
 
   if (!varlen) p.batch = q.shape[0];

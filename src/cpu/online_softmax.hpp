@@ -1,0 +1,78 @@
+// The per-row online-softmax update used by the CPU tiled kernels (and callable step by step, e.g. by
+// `flashkv explain online-softmax`).
+//
+// Source: Milakov & Gimelshein 2018 ("Online normalizer calculation for softmax"); FlashAttention (Dao et al. 2022)
+// Alg. 1 lines 9–12; FlashAttention-2 (Dao 2023) §3.1.1 — the unnormalized form: O is NOT divided by l inside the loop,
+// only rescaled by exp(m_old − m_new), and divided once at the end.
+//
+// For one query row with running state (m, l, O[0..dv)) and a new K/V tile with (already scaled, softcapped and
+// masked) scores s[0..n) and value rows V[0..n)[0..dv):
+//   m_new = max(m, max_j s_j)
+//   alpha = exp(m − m_new)                 (0 when m = −inf; 1 when m_new = −inf, i.e. nothing visible yet)
+//   p_j   = exp(s_j − m_new)               (exactly 0 for masked s_j = −inf)
+//   l     = alpha·l + Σ_j p_j
+//   O     = alpha·O + Σ_j p_j·V_j
+// and after the last tile: out = O / l, lse = m + log(l) (natural log); a row that never saw a visible key
+// (l = 0) gets out = 0 exactly and lse = −inf. No step can produce NaN: exp is only taken of differences of finite
+// numbers or of −inf (which gives 0).
+#pragma once
+
+#include <cmath>
+
+#include "cpu/tile_math.hpp"
+
+namespace flashkv::cpu {
+
+/// Running statistics of one query row. Initial state: m = −inf, l = 0 (and the caller's O row = 0).
+struct OnlineSoftmaxRow {
+  float m = kNegInf;  ///< running max of the scores seen so far (natural-log domain)
+  float l = 0.0f;     ///< running Σ exp(s − m)
+};
+
+/// First half of a step: updates st.m and st.l for the scores s[0..n) and overwrites s with p_j = exp(s_j − m_new).
+/// Returns alpha = exp(m_old − m_new), the factor the caller must apply to its O row before adding p·V.
+FLASHKV_ALWAYS_INLINE float online_softmax_scores_to_p(OnlineSoftmaxRow& st, float* __restrict s, int n) {
+  float tile_max = kNegInf;
+  for (int j = 0; j < n; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
+  const float m_new = tile_max > st.m ? tile_max : st.m;
+  if (m_new == kNegInf) {  // nothing visible so far: p = 0, state unchanged
+    for (int j = 0; j < n; ++j) s[j] = 0.0f;
+    return 1.0f;
+  }
+  const float alpha = exp_flush(st.m - m_new);  // st.m = −inf -> 0
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float pj = exp_flush(s[j] - m_new);
+    s[j] = pj;
+    sum += pj;
+  }
+  st.m = m_new;
+  st.l = alpha * st.l + sum;
+  return alpha;
+}
+
+/// A whole step for one row: scores s[0..n) (overwritten with p), value rows v[j*dv + c], accumulator o[0..dv).
+/// Returns alpha (the rescale factor applied to o and l).
+FLASHKV_ALWAYS_INLINE float online_softmax_update(OnlineSoftmaxRow& st, float* __restrict s, int n,
+                                                  const float* __restrict v, int dv, float* __restrict o) {
+  const float alpha = online_softmax_scores_to_p(st, s, n);
+  if (alpha != 1.0f) {
+    for (int c = 0; c < dv; ++c) o[c] *= alpha;
+  }
+  pv_row(s, n, v, dv, o);
+  return alpha;
+}
+
+/// Final division: out[c] = o[c] / l and returns lse = m + log(l); a row with l == 0 gets out = 0, lse = −inf.
+FLASHKV_ALWAYS_INLINE float online_softmax_finalize(const OnlineSoftmaxRow& st, const float* __restrict o, int dv,
+                                                    float* __restrict out) {
+  if (!(st.l > 0.0f)) {
+    for (int c = 0; c < dv; ++c) out[c] = 0.0f;
+    return kNegInf;
+  }
+  const float inv = 1.0f / st.l;
+  for (int c = 0; c < dv; ++c) out[c] = o[c] * inv;
+  return st.m + std::log(st.l);
+}
+
+}  // namespace flashkv::cpu

@@ -1,0 +1,129 @@
+// Inner loops of the CPU attention kernels on float32 tiles: a vectorizable exp, the score transform
+// (scale, softcap, mask) and the two tile products S = Q·Kᵀ and O += P·V.
+//
+// Vectorization: these are `always_inline` and meant to be called from functions marked FLASHKV_CPU_CLONES, which
+// GCC/Clang compile three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2+FMA, baseline SSE2) and pick at load time
+// (ifunc), so one binary uses the machine's widest vectors without -march=native. Verified with
+// `-fopt-info-vec-optimized` (GCC 12): the j-loop of qk_tile, the d-loop of pv_tile, exp_flush loops and the
+// conversion loops report "loop vectorized using 64 byte vectors" in the x86-64-v4 clone.
+// Why loops and not OpenBLAS sgemm per tile: see docs/attention-cpu.md ("Inner products") — measured on this machine,
+// the register-blocked loops were faster for 64×64 tiles and avoid OpenBLAS' own thread pool fighting OpenMP.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if defined(__GNUC__)
+#define FLASHKV_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define FLASHKV_ALWAYS_INLINE inline
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+#define FLASHKV_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FLASHKV_CPU_CLONES
+#endif
+
+namespace flashkv::cpu {
+
+/// Query rows per tile (Br) and keys per tile (Bc). See docs/attention-cpu.md "Tile sizes": a 64-key K or V tile of
+/// head_dim 128 in float32 is 32 KiB, so the tile one query row streams against stays in the 48 KiB L1d while the
+/// whole working set (Q, Kᵀ, V, S/P, O tiles ≈ 144 KiB at d = 128) stays in the 2 MiB L2 of one core.
+inline constexpr int kBlockM = 64;
+inline constexpr int kBlockN = 64;
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// e^x for x <= 88 (float32, ≤ 2 ulp on the normal range); returns exactly 0 for x < −87.33 (including −inf), which
+/// is how masked scores (−inf) become probability 0 without NaN. Branch-free so loops over it vectorize.
+/// Cephes expf: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n by exponent bits.
+FLASHKV_ALWAYS_INLINE float exp_flush(float x) {
+  const bool underflow = x < -87.33f;
+  float xc = x < -87.33f ? -87.33f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  const float t = xc * 1.44269504088896341f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5·2^23 trick; no -ffast-math needed)
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  const float two_n = std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
+  const float y = p * two_n;
+  return underflow ? 0.0f : y;
+}
+
+/// Applies softmax_scale and softcap to a score (FlashAttention semantics: softcap·tanh(s·scale/softcap)).
+FLASHKV_ALWAYS_INLINE float transform_score(float s, float scale, float softcap) {
+  s *= scale;
+  return softcap > 0.0f ? softcap * std::tanh(s / softcap) : s;
+}
+
+/// S[i][0..kBlockN) = Q[i]·Kt[:, j] for i < rows. Q is [rows][d] (ld = d), Kt is [d][kBlockN] (the K tile
+/// transposed; columns past the valid keys must be zero), S is [rows][kBlockN].
+/// Two query rows share every Kt load (register blocking: 2×64 accumulators = 8 zmm / 16 ymm).
+FLASHKV_ALWAYS_INLINE void qk_tile(const float* __restrict q, int rows, int d, const float* __restrict kt,
+                                   float* __restrict s) {
+  int i = 0;
+  for (; i + 2 <= rows; i += 2) {
+    float acc0[kBlockN] = {};
+    float acc1[kBlockN] = {};
+    const float* q0 = q + static_cast<int64_t>(i) * d;
+    const float* q1 = q0 + d;
+    for (int dd = 0; dd < d; ++dd) {
+      const float a0 = q0[dd];
+      const float a1 = q1[dd];
+      const float* krow = kt + static_cast<int64_t>(dd) * kBlockN;
+      for (int j = 0; j < kBlockN; ++j) {
+        acc0[j] += a0 * krow[j];
+        acc1[j] += a1 * krow[j];
+      }
+    }
+    float* s0 = s + static_cast<int64_t>(i) * kBlockN;
+    for (int j = 0; j < kBlockN; ++j) {
+      s0[j] = acc0[j];
+      s0[kBlockN + j] = acc1[j];
+    }
+  }
+  for (; i < rows; ++i) {
+    float acc[kBlockN] = {};
+    const float* q0 = q + static_cast<int64_t>(i) * d;
+    for (int dd = 0; dd < d; ++dd) {
+      const float a = q0[dd];
+      const float* krow = kt + static_cast<int64_t>(dd) * kBlockN;
+      for (int j = 0; j < kBlockN; ++j) acc[j] += a * krow[j];
+    }
+    float* s0 = s + static_cast<int64_t>(i) * kBlockN;
+    for (int j = 0; j < kBlockN; ++j) s0[j] = acc[j];
+  }
+}
+
+/// o[0..dv) += Σ_{j < cols} p[j] · V[j][0..dv)  (one output row; V is [cols][dv], ld = dv).
+/// Four keys per pass so each o element is loaded/stored once per four FMAs.
+FLASHKV_ALWAYS_INLINE void pv_row(const float* __restrict p, int cols, const float* __restrict v, int dv,
+                                  float* __restrict o) {
+  int j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    const float p0 = p[j], p1 = p[j + 1], p2 = p[j + 2], p3 = p[j + 3];
+    const float* v0 = v + static_cast<int64_t>(j) * dv;
+    const float* v1 = v0 + dv;
+    const float* v2 = v1 + dv;
+    const float* v3 = v2 + dv;
+    for (int c = 0; c < dv; ++c) o[c] += p0 * v0[c] + p1 * v1[c] + p2 * v2[c] + p3 * v3[c];
+  }
+  for (; j < cols; ++j) {
+    const float pj = p[j];
+    const float* vj = v + static_cast<int64_t>(j) * dv;
+    for (int c = 0; c < dv; ++c) o[c] += pj * vj[c];
+  }
+}
+
+}  // namespace flashkv::cpu
