@@ -4,7 +4,7 @@ Pure Python (ctypes) over libflashkv.so; see flashkv/_library.py for how the lib
 Accepts numpy arrays (and objects with __array_interface__ / CPU __dlpack__) and torch tensors (duck-typed).
 """
 from ._library import CapacityError, UnsupportedError, library_path
-from .attention import attention, attention_backward, attention_varlen, attention_varlen_backward
+from ._attention import attention, attention_backward, attention_varlen, attention_varlen_backward
 
 __version__ = "0.1.0"  # kept equal to project(flashkv VERSION ...) in CMakeLists.txt (checked by tests/python)
 

@@ -65,6 +65,8 @@ def _is_torch_like(x: Any) -> bool:
 def _fill(name: str, c: Tensor, shape: tuple, strides: tuple) -> None:
     if len(shape) > MAX_DIMS:
         raise ValueError(f"flashkv: argument '{name}': expected at most {MAX_DIMS} dimensions, got {len(shape)}")
+    if any(n == 0 for n in shape):  # an empty tensor has no memory to stride over: describe it as contiguous
+        strides = tuple(int(np.prod(shape[d + 1 :], dtype=np.int64)) for d in range(len(shape)))
     for s in strides:
         if s < 0:
             raise ValueError(f"flashkv: argument '{name}': expected non-negative strides, got strides {strides}")

@@ -70,18 +70,14 @@ def test_torch_like_tensors_in_and_out(rng):
         assert np.max(np.abs(g.array - r)) <= 1e-4 * max(1.0, np.abs(r).max())
 
 
-def test_torch_like_cuda_tensor_is_refused_by_a_cpu_build(rng):
+def test_torch_like_cuda_tensor_is_refused_by_a_cpu_build(rng, monkeypatch):
     q = FakeTorchTensor(rng.standard_normal((1, 4, 1, 8)).astype(np.float32), device="cuda")
-    import flashkv._tensor as t
-
-    # No real CUDA stream without torch: the adapter asks for one only for CUDA tensors.
-    orig = t.cuda_stream
-    t.cuda_stream = lambda args: None
-    try:
-        with pytest.raises((flashkv.UnsupportedError, TypeError)):
-            flashkv.attention(q, q, q)
-    finally:
-        t.cuda_stream = orig
+    # Without torch there is no real CUDA stream to ask for; everything else is the real path.
+    monkeypatch.setattr(flashkv._attention, "cuda_stream", lambda args: None)
+    arg = _tensor.to_tensor(q, "q")
+    assert arg.c.device == _library.DEVICE_CUDA and arg.device == "cuda"
+    with pytest.raises(flashkv.UnsupportedError, match="CUDA"):
+        flashkv.attention(q, q, q)
 
 
 def test_torch_like_bad_dtype(rng):

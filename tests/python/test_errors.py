@@ -12,7 +12,7 @@ import flashkv
 
 def names(arg):
     """Regex matching the argument name as flashkv quotes it: 'q', 'q.dtype', 'q[...]'."""
-    return rf"'{arg}[.'\[]"
+    return rf"'(opts\.)?{arg}[.'\[]"
 
 
 @pytest.fixture
