@@ -96,7 +96,7 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
   if (p.num_heads < 1) throw Error("q", "num_heads >= 1 (q.shape[" + str(off + 1) + "])", str(p.num_heads));
   check_head_dim(p.head_dim, "q", "head_dim (q.shape[-1])");
 
-  if (!varlen) check_dim(k, "k", 0, p.batch, "batch (= q.shape[0])");
+  if (!varlen) check_dim(k, "k", 0, p.batch, "batch", "(= q.shape[0])");
   const int64_t rows_k = k.shape[off];
   p.num_heads_kv = k.shape[off + 1];
   if (p.num_heads_kv < 1) throw Error("k", "num_heads_kv >= 1 (k.shape[" + str(off + 1) + "])", str(p.num_heads_kv));
@@ -104,11 +104,11 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
     throw Error("k", "num_heads_kv dividing num_heads = " + str(p.num_heads) + " (GQA/MQA)",
                 "num_heads_kv " + str(p.num_heads_kv));
   }
-  check_dim(k, "k", off + 2, p.head_dim, "head_dim (= q.shape[" + str(off + 2) + "])");
+  check_dim(k, "k", off + 2, p.head_dim, "head_dim", "(= q.shape[" + str(off + 2) + "])");
 
-  if (!varlen) check_dim(v, "v", 0, p.batch, "batch (= q.shape[0])");
-  check_dim(v, "v", off, rows_k, std::string(varlen ? "total_k" : "seqlen_k") + " (= k.shape[" + str(off) + "])");
-  check_dim(v, "v", off + 1, p.num_heads_kv, "num_heads_kv (= k.shape[" + str(off + 1) + "])");
+  if (!varlen) check_dim(v, "v", 0, p.batch, "batch", "(= q.shape[0])");
+  check_dim(v, "v", off, rows_k, varlen ? "total_k" : "seqlen_k", "(= k.shape[" + str(off) + "])");
+  check_dim(v, "v", off + 1, p.num_heads_kv, "num_heads_kv", "(= k.shape[" + str(off + 1) + "])");
   p.head_dim_v = v.shape[off + 2];
   check_head_dim(p.head_dim_v, "v", "head_dim_v (v.shape[-1])");
 
@@ -230,7 +230,7 @@ void check_cu_shapes(const TensorView& cu_q, const TensorView& cu_k, const Tenso
   if (cu_q.dtype != DType::int32) throw TypeError("cu_seqlens_q", "int32", dtype_name(cu_q.dtype));
   if (cu_k.dtype != DType::int32) throw TypeError("cu_seqlens_k", "int32", dtype_name(cu_k.dtype));
   if (cu_q.shape[0] < 1) throw Error("cu_seqlens_q", "length batch + 1 >= 1", str(cu_q.shape[0]));
-  check_dim(cu_k, "cu_seqlens_k", 0, cu_q.shape[0], "length batch + 1 (= cu_seqlens_q.shape[0])");
+  check_dim(cu_k, "cu_seqlens_k", 0, cu_q.shape[0], "length batch + 1 =", "(= cu_seqlens_q.shape[0])");
   check_same_device(cu_q, "cu_seqlens_q", q, "q");
   check_same_device(cu_k, "cu_seqlens_k", q, "q");
   check_data(cu_q, "cu_seqlens_q");
@@ -295,8 +295,11 @@ void check_rank_and_layout(const TensorView& t, const char* name, int ndim, cons
   }
 }
 
-void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const std::string& what) {
-  if (t.shape[dim] != expected) throw Error(name, what + " " + str(expected), str(t.shape[dim]));
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const std::string& what,
+               const std::string& source) {
+  if (t.shape[dim] != expected) {
+    throw Error(name, what + " " + str(expected) + (source.empty() ? "" : " " + source), str(t.shape[dim]));
+  }
 }
 
 void check_dtype(const TensorView& t, const char* name, DType dtype) {

@@ -22,8 +22,10 @@ inline constexpr int64_t kMaxHeadDim = 256;
 // ---- reusable tensor checks (throw flashkv::Error / TypeError naming `name`) ----------------------------------------
 /// t.ndim == ndim; shapes >= 0; strides >= 0; last dim contiguous (stride 1 when its size > 1).
 void check_rank_and_layout(const TensorView& t, const char* name, int ndim, const char* layout);
-/// t.shape[dim] == expected ("expected <what> <expected>, got <actual>").
-void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const std::string& what);
+/// t.shape[dim] == expected ("expected <what> <expected> <source>, got <actual>"), e.g.
+/// "expected head_dim 64 (= q.shape[3]), got 32".
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected, const std::string& what,
+               const std::string& source = "");
 /// t.dtype == dtype (TypeError).
 void check_dtype(const TensorView& t, const char* name, DType dtype);
 /// Same device and device index as `ref` (TypeError).
