@@ -9,6 +9,8 @@
 // out = Σ acc_s·e^{m_s−M} / L, lse = M + log L. The whole cache is never dequantized at once.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -18,6 +20,8 @@
 #include "core/float16.hpp"
 #include "core/mask.hpp"
 #include "core/validate.hpp"
+#include "cpu/online_softmax.hpp"
+#include "cpu/tile_math.hpp"
 #include "kvcache/cache_impl.hpp"
 
 namespace flashkv {
@@ -25,24 +29,6 @@ namespace flashkv {
 namespace {
 
 constexpr int64_t kTile = 64;  // max tokens per decoded tile
-
-/// exp(x) for x <= 0 (scores minus the running max), vectorizable; relative error ~2e-7, exp(x < −87) = 0.
-inline float exp_neg(float x) {
-  const bool underflow = x < -87.0f;
-  x = x < -87.0f ? -87.0f : x;
-  const float fi = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x·log2 e)
-  const float y = x - fi * 0.693145751953125f - fi * 1.428606765330187045e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * y + 1.0f / 120.0f;
-  p = p * y + 1.0f / 24.0f;
-  p = p * y + 1.0f / 6.0f;
-  p = p * y + 0.5f;
-  p = p * y + 1.0f;
-  p = p * y + 1.0f;
-  const int32_t i = static_cast<int32_t>(fi);
-  const float two_i = bits_to_float(static_cast<uint32_t>(i + 127) << 23);
-  return underflow ? 0.0f : p * two_i;
-}
 
 float load_q(const TensorView& t, int64_t i, int64_t h, int64_t c) {
   const int64_t off = i * t.strides[0] + h * t.strides[1] + c * t.strides[2];
@@ -68,6 +54,43 @@ struct Task {
   int64_t k0, k1;    // key positions
   int64_t part;      // offset (in rows) of this task's partial results
 };
+
+/// One decoded K/V tile [t0, t1) against the query rows of one task (GQA group × query tokens): scores, online
+/// softmax (src/cpu/online_softmax.hpp) and O += P·V (cpu::pv_row). Rows are r = qi·g + hh; row qi sees the keys
+/// [row_first(qi), row_last(qi)) of `rule`. Compiled for AVX-512 / AVX2 / baseline and picked at load time.
+FLASHKV_CPU_CLONES
+void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, int64_t d, int64_t t0, int64_t t1,
+                 const float* qrow, const float* kt, const float* vt, float softcap, float* acc, float* mm, float* ll,
+                 float* sc) {
+  for (int64_t qi = qa; qi < qb; ++qi) {
+    const int64_t j0 = std::max(t0, rule.row_first(qi)), j1 = std::min(t1, rule.row_last(qi));
+    if (j1 <= j0) continue;
+    const int cnt = static_cast<int>(j1 - j0);
+    for (int64_t hh = 0; hh < g; ++hh) {
+      const int64_t r = qi * g + hh;
+      const float* qr = qrow + r * d;
+      for (int j = 0; j < cnt; ++j) {
+        const float* kr = kt + (j0 - t0 + j) * d;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
+        sc[j] = dot;
+      }
+      if (softcap > 0.0f) {
+        for (int j = 0; j < cnt; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
+      }
+      cpu::OnlineSoftmaxRow st{mm[r], ll[r]};
+      float* a = acc + r * d;
+      const float alpha = cpu::online_softmax_scores_to_p(st, sc, cnt);
+      if (alpha != 1.0f) {
+        for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
+      }
+      cpu::pv_row(sc, cnt, vt + (j0 - t0) * d, static_cast<int>(d), a);
+      mm[r] = st.m;
+      ll[r] = st.l;
+    }
+  }
+}
 
 }  // namespace
 
@@ -214,48 +237,7 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
         if (qb <= qa) return;
         m.decode_range(s, layer, 0, T.hk, t0, t1, kt.data());
         m.decode_range(s, layer, 1, T.hk, t0, t1, vt.data());
-        for (int64_t qi = qa; qi < qb; ++qi) {
-          const int64_t j0 = std::max(t0, rule.row_first(qi)), j1 = std::min(t1, rule.row_last(qi));
-          if (j1 <= j0) continue;
-          for (int64_t hh = 0; hh < g; ++hh) {
-            const int64_t r = qi * g + hh;
-            const float* qr = qrow.data() + r * d;
-            float tmax = -std::numeric_limits<float>::infinity();
-            for (int64_t j = j0; j < j1; ++j) {
-              const float* kr = kt.data() + (j - t0) * d;
-              float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-              for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
-              if (softcap > 0.0f) dot = softcap * std::tanh(dot / softcap);
-              sc[static_cast<size_t>(j - j0)] = dot;
-              tmax = std::max(tmax, dot);
-            }
-            float* a = acc + r * d;
-            if (tmax > mm[r]) {
-              const float corr = mm[r] == -std::numeric_limits<float>::infinity() ? 0.0f : exp_neg(mm[r] - tmax);
-              ll[r] *= corr;
-#pragma omp simd
-              for (int64_t c = 0; c < d; ++c) a[c] *= corr;
-              mm[r] = tmax;
-            }
-            const float mr = mm[r];
-            const int64_t cnt = j1 - j0;
-            float lsum = 0.0f;
-            float* scp = sc.data();
-#pragma omp simd reduction(+ : lsum)
-            for (int64_t j = 0; j < cnt; ++j) {
-              scp[j] = exp_neg(scp[j] - mr);
-              lsum += scp[j];
-            }
-            ll[r] += lsum;
-            for (int64_t j = 0; j < cnt; ++j) {
-              const float p = scp[j];
-              const float* vr = vt.data() + (j0 - t0 + j) * d;
-#pragma omp simd
-              for (int64_t c = 0; c < d; ++c) a[c] += p * vr[c];
-            }
-          }
-        }
+        tile_update(rule, qa, qb, g, d, t0, t1, qrow.data(), kt.data(), vt.data(), softcap, acc, mm, ll, sc.data());
       });
     }
   }

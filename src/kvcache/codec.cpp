@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/float16.hpp"
+#include "cpu/tile_math.hpp"
 
 namespace flashkv::kv {
 
@@ -162,6 +163,22 @@ void unpack_codes(const uint8_t* packed, int32_t n, int32_t bits, uint8_t* codes
 KVCodec::KVCodec(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_t page_size)
     : spec_(spec), bytes_(kv_format_bytes(spec, is_key, head_dim, page_size)), head_dim_(head_dim), is_key_(is_key) {}
 
+// ---- vectorized decode loops (AVX-512 / AVX2 / baseline clones, chosen at load time) ---------------------------------
+FLASHKV_CPU_CLONES
+void decode_bf16_row(const uint8_t* __restrict src, int64_t n, float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    out[i] = bits_to_float(static_cast<uint32_t>(h) << 16);
+  }
+}
+
+FLASHKV_CPU_CLONES
+void decode_fp8_row(const uint8_t* __restrict src, int64_t n, const float* __restrict lut, float scale,
+                    float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lut[src[i]] * scale;
+}
+
 // ---- float codecs (fp32 / bf16 / fp16) ------------------------------------------------------------------------------
 namespace {
 
@@ -191,11 +208,7 @@ class Half16Codec final : public KVCodec {
     const uint8_t* src = codes + static_cast<int64_t>(slot) * head_dim_ * 2;
     const int64_t total = static_cast<int64_t>(n) * head_dim_;
     if (bf16_) {
-      for (int64_t i = 0; i < total; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = bf16_to_float(h);
-      }
+      decode_bf16_row(src, total, out);
     } else {
       for (int64_t i = 0; i < total; ++i) {
         uint16_t h;
@@ -241,7 +254,7 @@ class Fp8Codec final : public KVCodec {
       float scale = scales_[static_cast<size_t>(head)];
       if (spec_.dynamic_scale) std::memcpy(&scale, meta + static_cast<int64_t>(slot + t) * 4, 4);
       float* o = out + static_cast<int64_t>(t) * head_dim_;
-      for (int32_t c = 0; c < head_dim_; ++c) o[c] = lut_[src[c]] * scale;
+      decode_fp8_row(src, head_dim_, lut_, scale, o);
     }
   }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/float16.hpp"
+#include "cpu/tile_math.hpp"
 #include "kvcache/codec.hpp"
 
 namespace flashkv::kv {
@@ -21,7 +22,8 @@ inline void load_meta(const uint8_t* p, float* scale, float* mn) {
 }
 
 /// Decodes `n` packed codes of `bits` with x̂ = mn + scale · code into out (vectorizable inner loops).
-inline void decode_affine(const uint8_t* src, int32_t n, int32_t bits, float scale, float mn, float* out) {
+FLASHKV_CPU_CLONES
+void decode_affine(const uint8_t* src, int32_t n, int32_t bits, float scale, float mn, float* out) {
   if (bits == 8) {
     for (int32_t i = 0; i < n; ++i) out[i] = mn + scale * static_cast<float>(src[i]);
   } else if (bits == 4) {
@@ -37,6 +39,27 @@ inline void decode_affine(const uint8_t* src, int32_t n, int32_t bits, float sca
       out[4 * i + 1] = mn + scale * static_cast<float>((b >> 2) & 3);
       out[4 * i + 2] = mn + scale * static_cast<float>((b >> 4) & 3);
       out[4 * i + 3] = mn + scale * static_cast<float>(b >> 6);
+    }
+  }
+}
+
+/// KIVI keys: x̂[c] = mn[c] + sc[c] · code[c] (per-channel scale and min of the token's group).
+FLASHKV_CPU_CLONES
+void decode_channelwise(const uint8_t* __restrict src, int32_t d, int32_t bits, const float* __restrict sc,
+                        const float* __restrict mn, float* __restrict o) {
+  if (bits == 4) {
+    for (int32_t i = 0; i < d / 2; ++i) {
+      const uint8_t b = src[i];
+      o[2 * i] = mn[2 * i] + sc[2 * i] * static_cast<float>(b & 0xF);
+      o[2 * i + 1] = mn[2 * i + 1] + sc[2 * i + 1] * static_cast<float>(b >> 4);
+    }
+  } else {
+    for (int32_t i = 0; i < d / 4; ++i) {
+      const uint8_t b = src[i];
+      o[4 * i] = mn[4 * i] + sc[4 * i] * static_cast<float>(b & 3);
+      o[4 * i + 1] = mn[4 * i + 1] + sc[4 * i + 1] * static_cast<float>((b >> 2) & 3);
+      o[4 * i + 2] = mn[4 * i + 2] + sc[4 * i + 2] * static_cast<float>((b >> 4) & 3);
+      o[4 * i + 3] = mn[4 * i + 3] + sc[4 * i + 3] * static_cast<float>(b >> 6);
     }
   }
 }
@@ -129,23 +152,8 @@ class KiviKeyCodec final : public KVCodec {
         }
         cur_group = gi;
       }
-      const uint8_t* src = codes + (slot + t) * cb;
-      float* o = out + static_cast<int64_t>(t) * head_dim_;
-      if (bits_ == 4) {
-        for (int32_t i = 0; i < head_dim_ / 2; ++i) {
-          const uint8_t b = src[i];
-          o[2 * i] = mn[2 * i] + sc[2 * i] * static_cast<float>(b & 0xF);
-          o[2 * i + 1] = mn[2 * i + 1] + sc[2 * i + 1] * static_cast<float>(b >> 4);
-        }
-      } else {
-        for (int32_t i = 0; i < head_dim_ / 4; ++i) {
-          const uint8_t b = src[i];
-          o[4 * i] = mn[4 * i] + sc[4 * i] * static_cast<float>(b & 3);
-          o[4 * i + 1] = mn[4 * i + 1] + sc[4 * i + 1] * static_cast<float>((b >> 2) & 3);
-          o[4 * i + 2] = mn[4 * i + 2] + sc[4 * i + 2] * static_cast<float>((b >> 4) & 3);
-          o[4 * i + 3] = mn[4 * i + 3] + sc[4 * i + 3] * static_cast<float>(b >> 6);
-        }
-      }
+      decode_channelwise(codes + (slot + t) * cb, head_dim_, bits_, sc.data(), mn.data(),
+                         out + static_cast<int64_t>(t) * head_dim_);
     }
   }
 

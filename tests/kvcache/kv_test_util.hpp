@@ -1,5 +1,5 @@
-// Helpers for the KV-cache tests: seeded RNG (FLASHKV_TEST_SEED overrides; the seed is printed), random tensors, an
-// independent float64 attention reference with an explicit boolean mask, and cache snapshots for "unchanged" checks.
+// Helpers for the KV-cache tests: seeded RNG and the float64 attention reference with an explicit boolean mask, both
+// from tests/common/reference.hpp; random tensors and cache snapshots for "unchanged" checks.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,22 +14,16 @@
 #include <string>
 #include <vector>
 
+#include "common/reference.hpp"
 #include "flashkv/kvcache.hpp"
 
 namespace kvtest {
 
-inline uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* e = std::getenv("FLASHKV_TEST_SEED");
-    const uint64_t s = e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
-    std::printf("[kvcache tests] FLASHKV_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+/// The process-wide seed of tests/common/reference.hpp (printed once; FLASHKV_TEST_SEED overrides).
+inline uint64_t test_seed() { return flashkv::testing::test_seed(); }
 
 /// RNG seeded from the test seed and a per-test salt.
-inline std::mt19937_64 rng(uint64_t salt) { return std::mt19937_64(test_seed() * 0x9E3779B97F4A7C15ull + salt); }
+inline std::mt19937_64 rng(uint64_t salt) { return flashkv::testing::make_rng(salt); }
 
 inline std::vector<float> randn(std::mt19937_64& g, size_t n, float sd = 1.0f) {
   std::normal_distribution<float> dist(0.0f, sd);
@@ -93,54 +87,27 @@ inline Snapshot snapshot(const flashkv::PagedKVCache& c) {
   return s;
 }
 
-/// Float64 attention with an explicit boolean mask (the definition; independent of the library):
-/// q [nq][Hq][d], k/v [n][H][d]; query i at position n − nq + i; out [nq][Hq][d], lse [Hq][nq].
+/// Float64 attention with an explicit boolean mask: the shared test reference (tests/common/reference.hpp) with
+/// batch 1: q [nq][Hq][d], k/v [n][H][d]; query i at position n − nq + i (bottom-right); out [nq][Hq][d], lse [Hq][nq].
 inline void reference_attention(const std::vector<float>& q, int64_t nq, int64_t Hq, const std::vector<float>& k,
                                 const std::vector<float>& v, int64_t n, int64_t H, int64_t d, double scale, bool causal,
                                 int64_t window_left, double softcap, std::vector<double>& out,
                                 std::vector<double>& lse) {
-  out.assign(static_cast<size_t>(nq * Hq * d), 0.0);
-  lse.assign(static_cast<size_t>(Hq * nq), -std::numeric_limits<double>::infinity());
-  const int64_t g = Hq / H;
-  std::vector<char> mask(static_cast<size_t>(n));
-  std::vector<double> s(static_cast<size_t>(n));
-  for (int64_t i = 0; i < nq; ++i) {
-    const int64_t pos = n - nq + i;
-    for (int64_t j = 0; j < n; ++j) {
-      bool vis = true;
-      if (causal && j > pos) vis = false;
-      if (window_left >= 0 && j < pos - window_left) vis = false;
-      mask[static_cast<size_t>(j)] = vis;
-    }
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t hk = h / g;
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        if (!mask[static_cast<size_t>(j)]) continue;
-        double dot = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          dot += static_cast<double>(q[static_cast<size_t>((i * Hq + h) * d + c)]) *
-                 static_cast<double>(k[static_cast<size_t>((j * H + hk) * d + c)]);
-        }
-        dot *= scale;
-        if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
-        s[static_cast<size_t>(j)] = dot;
-        mx = std::max(mx, dot);
-      }
-      if (mx == -std::numeric_limits<double>::infinity()) continue;
-      double l = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        if (!mask[static_cast<size_t>(j)]) continue;
-        const double p = std::exp(s[static_cast<size_t>(j)] - mx);
-        l += p;
-        for (int64_t c = 0; c < d; ++c) {
-          out[static_cast<size_t>((i * Hq + h) * d + c)] += p * v[static_cast<size_t>((j * H + hk) * d + c)];
-        }
-      }
-      for (int64_t c = 0; c < d; ++c) out[static_cast<size_t>((i * Hq + h) * d + c)] /= l;
-      lse[static_cast<size_t>(h * nq + i)] = mx + std::log(l);
-    }
-  }
+  flashkv::testing::RefShape s;
+  s.batch = 1;
+  s.seqlen_q = nq;
+  s.seqlen_k = n;
+  s.num_heads = Hq;
+  s.num_heads_kv = H;
+  s.head_dim = d;
+  s.head_dim_v = d;
+  flashkv::testing::RefOptions o;
+  o.softmax_scale = scale;
+  o.causal = causal;
+  o.window_size_left = window_left;
+  o.softcap = softcap;
+  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+  flashkv::testing::reference_forward(s, o, qd, kd, vd, out, lse);
 }
 
 }  // namespace kvtest

@@ -14,7 +14,7 @@ using kvtest::make_config;
 
 namespace {
 
-bool full_tests() { return std::getenv("FLASHKV_FULL_TESTS") != nullptr; }
+bool full_tests() { return flashkv::testing::full_tests(); }
 
 /// Appends `x` ([n][H][d] k and v) to (seq, layer) in chunks given by `chunks` (cycled).
 void append_chunks(PagedKVCache& c, int64_t seq, int32_t layer, std::vector<float>& k, std::vector<float>& v,
