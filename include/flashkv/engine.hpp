@@ -300,6 +300,16 @@ struct GenerationResult {
 GenerationResult generate(Engine& engine, std::span<const int32_t> prompt_tokens, int32_t steps, Sampler& sampler,
                           const std::function<void(int32_t, int32_t)>& on_token = {}, bool keep_logits = false);
 
+/// A model with the tokenizer to use with it.
+struct LoadedModel {
+  Model model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+/// Loads `model_path` (any format, see load_model) and its tokenizer: `tokenizer_path` when non-empty (llama2.c
+/// tokenizer file), else the vocabulary embedded in a GGUF file. Throws IoError when no tokenizer is available or
+/// its vocabulary size differs from the model's.
+LoadedModel load_model_with_tokenizer(const std::string& model_path, const std::string& tokenizer_path);
+
 /// Directory holding the shipped test model: $FLASHKV_MODELS_DIR if set, else `default_dir`.
 std::string models_dir(const std::string& default_dir);
 

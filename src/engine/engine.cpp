@@ -43,6 +43,10 @@ struct Engine::Impl {
   explicit Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences) : cache(make_config(m, spec, max_sequences)) {
     const ModelConfig& c = m.config;
     live.assign(static_cast<std::size_t>(max_sequences), false);
+    // Tiny models: attention over a full context is a few microseconds of work, far less than an OpenMP fork/join
+    // on a loaded machine, so run it on the calling thread; larger models use the OpenMP default.
+    const double attn_flops = 4.0 * c.num_heads * static_cast<double>(c.seq_len) * c.head_dim;
+    attention_threads = attn_flops < 4e6 ? 1 : 0;
     const int half = c.head_dim / 2;
     rope_cos.resize(static_cast<std::size_t>(c.seq_len) * half);
     rope_sin.resize(rope_cos.size());
@@ -103,6 +107,7 @@ struct Engine::Impl {
   }
 
   PagedKVCache cache;
+  int32_t attention_threads = 0;
   std::vector<bool> live;
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;
@@ -199,6 +204,7 @@ void Engine::prefill(int32_t seq, std::span<const int32_t> tokens, std::span<flo
                 sizeof(float) * static_cast<std::size_t>(D));
   AttentionOptions opts;
   opts.causal = true;
+  opts.num_threads = s.attention_threads;
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
     for (int r = 0; r < t; ++r) rmsnorm(&s.xb[static_cast<std::size_t>(r) * D], &s.x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
@@ -253,6 +259,8 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
   for (int r = 0; r < b; ++r)
     std::memcpy(&s.x[static_cast<std::size_t>(r) * D], m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
                 sizeof(float) * static_cast<std::size_t>(D));
+  KVAttentionOptions kv_opts;
+  kv_opts.num_threads = s.attention_threads;
   std::vector<int32_t> cu(seqs.size() + 1);
   for (int r = 0; r <= b; ++r) cu[static_cast<std::size_t>(r)] = r;
   for (int32_t l = 0; l < c.n_layers; ++l) {
@@ -269,7 +277,8 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
                      TensorView::contiguous(&s.v[static_cast<std::size_t>(r) * KVd], DType::float32, {1, c.num_heads_kv, c.head_dim}));
     }
     s.cache.attention(ids, cu, l, TensorView::contiguous(s.q.data(), DType::float32, {b, c.num_heads, c.head_dim}),
-                      TensorView::contiguous(s.att.data(), DType::float32, {b, c.num_heads, c.head_dim}), nullptr);
+                      TensorView::contiguous(s.att.data(), DType::float32, {b, c.num_heads, c.head_dim}), nullptr,
+                      kv_opts);
     matmul(s.att.data(), b, Qd, L.wo, D, s.xb.data());
     for (std::size_t i = 0; i < static_cast<std::size_t>(b) * D; ++i) s.x[i] += s.xb[i];
     ffn(m, L, b, s.x.data(), s.xb.data(), s.hb.data(), s.hb2.data());

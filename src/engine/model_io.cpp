@@ -81,3 +81,24 @@ std::string models_dir(const std::string& default_dir) {
 }
 
 }  // namespace flashkv
+
+namespace flashkv {
+
+LoadedModel load_model_with_tokenizer(const std::string& model_path, const std::string& tokenizer_path) {
+  LoadedModel lm;
+  lm.model = load_model(model_path);
+  const int32_t vocab = lm.model.config.vocab_size;
+  if (!tokenizer_path.empty()) {
+    lm.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::load_llama2c(tokenizer_path, vocab));
+  } else if (lm.model.embedded_tokenizer) {
+    lm.tokenizer = lm.model.embedded_tokenizer;
+  } else {
+    throw IoError("flashkv: '" + model_path + "' has no embedded vocabulary: pass --tokenizer PATH (llama2.c tokenizer file)");
+  }
+  if (lm.tokenizer->vocab_size() != vocab)
+    throw IoError("flashkv: tokenizer has " + std::to_string(lm.tokenizer->vocab_size()) + " pieces, model vocab_size is " +
+                  std::to_string(vocab));
+  return lm;
+}
+
+}  // namespace flashkv

@@ -1,0 +1,70 @@
+#include "eval/demo.hpp"
+
+#include "flashkv/error.hpp"
+
+namespace flashkv::eval {
+
+std::vector<KVCacheSpec> demo_formats() {
+  std::vector<KVCacheSpec> f;
+  for (const char* s : {"fp32", "bf16", "fp8_e4m3", "int8", "int4", "int4_kivi", "int2_kivi+r32"})
+    f.push_back(parse_format_item(s));
+  return f;
+}
+
+DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress& progress) {
+  const Model& model = lm.model;
+  const Tokenizer& tok = *lm.tokenizer;
+  const ModelConfig& c = model.config;
+  if (o.formats.empty()) throw Error("kv-cache", "at least one format", "none");
+  if (o.samples < 0) throw Error("samples", ">= 0", std::to_string(o.samples));
+  DemoResult res;
+  res.prompt_tokens = tok.encode(o.prompt, true, false);
+  if (res.prompt_tokens.size() > static_cast<std::size_t>(c.seq_len))
+    throw Error("prompt", "at most " + std::to_string(c.seq_len) + " tokens (the model's context)",
+                std::to_string(res.prompt_tokens.size()) + " tokens");
+  const int32_t room = c.seq_len - static_cast<int32_t>(res.prompt_tokens.size()) + 1;
+  if (o.steps < 0) throw Error("steps", ">= 0 (0 = to the context end)", std::to_string(o.steps));
+  const int32_t steps = o.steps == 0 ? room : std::min(o.steps, room);
+
+  // 1) Greedy generation per format.
+  std::vector<GenerationResult> gens;
+  std::vector<int32_t> ref_tokens;
+  for (const auto& spec : o.formats) {
+    Engine engine(model, spec, 1);
+    Sampler greedy(SamplerConfig{});
+    gens.push_back(generate(engine, res.prompt_tokens, steps, greedy));
+  }
+  {
+    Engine engine(model, KVCacheSpec{}, 1);
+    Sampler greedy(SamplerConfig{});
+    ref_tokens = generate(engine, res.prompt_tokens, steps, greedy).tokens;
+  }
+  // 2) Teacher-forced sequences: the fp32 greedy text (prompt + generated), plus sampled ones.
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<int32_t> first = res.prompt_tokens;
+  first.insert(first.end(), ref_tokens.begin(), ref_tokens.end());
+  if (first.size() > static_cast<std::size_t>(c.seq_len)) first.resize(static_cast<std::size_t>(c.seq_len));
+  seqs.push_back(first);
+  if (o.samples > 0) {
+    auto sampled = sample_sequences(model, o.samples, c.seq_len, o.seed);
+    seqs.insert(seqs.end(), sampled.begin(), sampled.end());
+  }
+  res.rows = evaluate(model, o.formats, seqs, 0, progress);
+  res.sequences = static_cast<int32_t>(seqs.size());
+  for (std::size_t i = 0; i < res.rows.size(); ++i) {
+    FormatRow& row = res.rows[i];
+    const GenerationResult& g = gens[i];
+    row.decode_tok_s = g.decode_seconds > 0 ? g.decode_steps / g.decode_seconds : 0.0;
+    row.greedy_tokens = g.tokens;
+    row.greedy_text = tok.decode(g.tokens);
+    row.greedy_divergence = -1;
+    const std::size_t n = std::min(g.tokens.size(), ref_tokens.size());
+    for (std::size_t t = 0; t < n; ++t)
+      if (g.tokens[t] != ref_tokens[t]) { row.greedy_divergence = static_cast<int32_t>(t); break; }
+    if (row.greedy_divergence < 0 && g.tokens.size() != ref_tokens.size()) row.greedy_divergence = static_cast<int32_t>(n);
+    res.positions = row.metrics.positions;
+  }
+  return res;
+}
+
+}  // namespace flashkv::eval

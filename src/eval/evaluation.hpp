@@ -1,0 +1,101 @@
+// flashkv eval: teacher-forced A/B evaluation of KV cache formats on a real model.
+//
+// PROTOCOL (as llama.cpp's KL-divergence mode and KVQuant §5 / KIVI §4 perplexity evaluations): a set of token
+// sequences (sampled from the full-precision model, or read from text / token files) is replayed token by token —
+// every position goes through Engine::decode, i.e. attends over the cache being evaluated — once with the float32
+// cache (the reference) and once per format. Per predicted position t (the logits after feeding tokens[0..t]):
+//   KL_t     = Σ_v p_ref(v) · (log p_ref(v) − log p_fmt(v))     nats, computed in float64 from log-softmax
+//   top1_t   = [argmax p_fmt == argmax p_ref]                   (lowest id on ties)
+//   Δll_t    = log p_fmt(tokens[t+1]) − log p_ref(tokens[t+1])  nats; perplexity ratio = exp(−mean Δll)
+//   first greedy divergence = smallest t with top1_t = 0 (the step at which greedy decoding from this prefix would
+//   first pick a different token); sequences without one count as their length (censored) and are reported apart.
+// Identical logits give KL = 0 exactly and top-1 = 100% (the fp32 cache against itself is checked by the tests).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flashkv/engine.hpp"
+
+namespace flashkv::eval {
+
+/// One entry of a --kv-cache list: "DTYPE[+rN][+sN][+hadamard][+pN]" where DTYPE is a kv_cache_dtype string of
+/// kvcache.hpp, rN the residual window, sN sink tokens, pN the page size. Throws Error('kv-cache', grammar, item).
+KVCacheSpec parse_format_item(const std::string& item, const KVCacheSpec& defaults = {});
+
+/// The CLI's cache options: either kv_cache (a kv_cache_dtype string) or both kv_k and kv_v (→ "k:K,v:V");
+/// rotate is "none" or "hadamard". Throws Error naming the option ('kv-cache', 'kv-k', 'rotate', ...).
+KVCacheSpec spec_from_options(const std::string& kv_cache, const std::string& kv_k, const std::string& kv_v,
+                              int32_t residual, int32_t sinks, const std::string& rotate, int32_t page_size);
+
+/// Progress callback: (done, total) units of work.
+using Progress = std::function<void(int64_t, int64_t)>;
+
+/// Logits of a teacher-forced replay: logits[s] is [len_s, vocab] (the prediction after each fed token).
+struct Replay {
+  std::vector<std::vector<float>> logits;
+  double seconds = 0.0;      ///< wall time of all decode calls
+  int64_t tokens = 0;        ///< tokens fed (all sequences)
+  KVMemory kv;               ///< cache memory with every sequence fully cached
+};
+
+/// Feeds every sequence token by token through Engine::decode, `batch` sequences at a time (all when batch <= 0).
+/// Sequences must be non-empty and at most seq_len long. Deterministic: the same inputs give bit-identical logits.
+Replay replay(const Model& model, const KVCacheSpec& spec, const std::vector<std::vector<int32_t>>& sequences,
+              int32_t batch = 0, const Progress& progress = {});
+
+/// Per-format quality metrics against a reference replay of the same sequences.
+struct Metrics {
+  double mean_kl = 0.0;        ///< nats per predicted token
+  double max_kl = 0.0;
+  double top1 = 0.0;           ///< fraction in [0, 1]
+  double delta_ll = 0.0;       ///< mean log-likelihood difference per token (nats); < 0 = worse
+  double ppl_ratio = 1.0;      ///< exp(−delta_ll)
+  double mean_first_divergence = 0.0;  ///< mean step of first top-1 disagreement (censored at the length)
+  int32_t diverged = 0;        ///< sequences with at least one disagreement
+  int32_t sequences = 0;
+  int64_t positions = 0;       ///< predicted positions compared
+};
+/// Compares `test` with `ref` (same sequences). Δll uses the next token of each sequence (last position excluded).
+Metrics compare(const Replay& ref, const Replay& test, const std::vector<std::vector<int32_t>>& sequences,
+                int32_t vocab_size);
+
+/// `n` sequences of `length` tokens (BOS first) sampled from the model with a float32 cache at `temperature`
+/// (seeded: the same seed gives the same sequences). Sampling continues through BOS/EOS tokens (the llama2.c training
+/// stream separates texts with BOS), so every sequence has exactly `length` tokens. length in [2, seq_len].
+std::vector<std::vector<int32_t>> sample_sequences(const Model& model, int32_t n, int32_t length, uint64_t seed,
+                                                   float temperature = 1.0f);
+
+/// Text file → BOS + tokens, split into chunks of at most seq_len tokens (each chunk starts with BOS).
+std::vector<std::vector<int32_t>> sequences_from_text(const Tokenizer& tok, const std::string& text, int32_t seq_len);
+/// Token file: one sequence per non-empty line, whitespace-separated integer ids. Throws IoError for a malformed
+/// token, Error for an id outside the vocabulary or a line longer than seq_len.
+std::vector<std::vector<int32_t>> sequences_from_token_file(const std::string& path, int32_t vocab_size,
+                                                            int32_t seq_len);
+
+/// One row of the eval / demo table.
+struct FormatRow {
+  KVCacheSpec spec;
+  std::string label;
+  double bytes_per_token = 0.0;
+  double effective_bits = 0.0;
+  double ratio_vs_bf16 = 0.0;   ///< bf16 bytes per token / bytes per token
+  double decode_tok_s = 0.0;
+  Metrics metrics;
+  // demo only: free-running greedy generation with this cache
+  std::vector<int32_t> greedy_tokens;
+  std::string greedy_text;
+  int32_t greedy_divergence = -1;  ///< first generated step that differs from the fp32 cache's text; −1 = none
+};
+
+/// Evaluates every format of `specs` on `sequences` (the fp32 reference is replayed first). Progress counts tokens.
+std::vector<FormatRow> evaluate(const Model& model, const std::vector<KVCacheSpec>& specs,
+                                const std::vector<std::vector<int32_t>>& sequences, int32_t batch = 0,
+                                const Progress& progress = {});
+
+/// Default location of the shipped model: $FLASHKV_MODELS_DIR, else <source tree>/../shared/models.
+std::string default_models_dir();
+
+}  // namespace flashkv::eval

@@ -1,0 +1,41 @@
+// Output of flashkv eval / demo: aligned text table, JSON, SVG plot (KL vs effective bits), progress bar with ETA.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "eval/evaluation.hpp"
+
+namespace flashkv::eval {
+
+/// Side-by-side table (markdown-compatible pipes): format, bytes/token, bits, ×bf16, decode tok/s, mean KL, top-1,
+/// Δll, first divergence. `greedy` adds the demo's free-running greedy divergence column.
+std::string format_table(const std::vector<FormatRow>& rows, bool greedy);
+
+/// JSON array of rows (all numbers; KL in nats, bytes per token over all layers, K and V).
+nlohmann::json rows_to_json(const std::vector<FormatRow>& rows);
+
+/// Writes an SVG scatter plot of mean KL (log scale) against effective bits per element, one labelled point per
+/// format (formats with KL = 0 are drawn on the bottom axis). Throws IoError if the file cannot be written.
+void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path);
+
+/// Progress bar on stderr: "[#####.....]  42% 1234/2900 tokens  ETA 3.1s". Draws only when enabled (the CLI enables
+/// it when stderr is a terminal or --progress is given), at most 10 times per second; finish() ends the line.
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, std::string unit) : enabled_(enabled), unit_(std::move(unit)), start_(clock::now()) {}
+  void update(int64_t done, int64_t total);
+  void finish();
+
+ private:
+  using clock = std::chrono::steady_clock;
+  bool enabled_;
+  bool drawn_ = false;
+  std::string unit_;
+  clock::time_point start_, last_{};
+};
+
+}  // namespace flashkv::eval
