@@ -1,7 +1,7 @@
 // Standard ("naive") attention, kept as the baseline FlashAttention replaces (FlashAttention §2.2, Alg. 0):
 //   S = Q·Kᵀ·scale   written in full, [seqlen_q × seqlen_k] float32 per (batch, head)   ("slow memory")
 //   P = softmax(S)   row max, exp, row sum, normalize — read S, write P in place
-//   O = P·V          read P in full
+//   O = P·V          read P in full (tiled: V tiles re-read once per Q block)
 // Extra memory is O(seqlen_q·seqlen_k) per thread; parallel over (batch, head). Scores use the same score transform
 // and mask as the tiled kernels (src/cpu/score_tile.hpp) so the variants agree to float32 rounding.
 #include <algorithm>
@@ -31,16 +31,15 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
   const int64_t row0_q = p.q_begin(b);
   const int64_t row0_k = p.k_begin(b);
   const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
-  // big: S/P [len_q][len_k], then V in float32 [len_k][dv].
-  big.resize(static_cast<std::size_t>(len_q * len_k + len_k * dv));
+  big.resize(static_cast<std::size_t>(len_q * len_k));  // S, then P in place: [len_q][len_k] ("slow memory")
   float* sp = big.data();
-  float* vf = sp + len_q * len_k;
   float* qf = ws;
   float* kt = qf + kBlockM * d;
   float* st = kt + d * kBlockN;
-  float* orow = st + kBlockM * kBlockN;
+  float* vf = st + kBlockM * kBlockN;
+  float* o = vf + kBlockN * dv;
 
-  // 1) S = Q·Kᵀ·scale (+ softcap, mask), written in full.
+  // 1) S = Q·Kᵀ·scale (+ softcap, mask), tile by tile, written in full.
   for (int64_t q0 = 0; q0 < len_q; q0 += kBlockM) {
     const int rows = static_cast<int>(std::min<int64_t>(kBlockM, len_q - q0));
     load_rows(elem_ptr(p.q, offset_of(p.q_strides, b, row0_q, q0, h), p.dtype), p.dtype, p.q_strides.row, rows, d,
@@ -57,15 +56,12 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
       }
     }
   }
-  load_rows(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, 0, hk), p.dtype), p.dtype, p.v_strides.row,
-            static_cast<int>(len_k), dv, vf);
-  // 2) P = softmax(S) row by row (in place), 3) O = P·V.
+  // 2) P = softmax(S), row by row: read S, write P (in place); lse = m + log l.
   for (int64_t i = 0; i < len_q; ++i) {
     float* row = sp + i * len_k;
     float m = kNegInf;
     for (int64_t j = 0; j < len_k; ++j) m = row[j] > m ? row[j] : m;
     float lse = kNegInf;
-    std::fill(orow, orow + dv, 0.0f);
     if (m != kNegInf) {
       float l = 0.0f;
       for (int64_t j = 0; j < len_k; ++j) {
@@ -74,11 +70,28 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
       }
       const float inv = 1.0f / l;
       for (int64_t j = 0; j < len_k; ++j) row[j] *= inv;
-      pv_row(row, static_cast<int>(len_k), vf, dv, orow);
       lse = m + std::log(l);
+    } else {
+      std::fill(row, row + len_k, 0.0f);  // no visible key: P = 0, out = 0
     }
-    store_row(orow, dv, elem_ptr(p.out, offset_of(p.out_strides, b, row0_q, i, h), p.dtype), p.dtype);
     if (p.lse != nullptr) p.lse[lse_offset(p.lse_strides, b, row0_q, i, h)] = lse;
+  }
+  // 3) O = P·V, tile by tile: read P in full, V once per Q block.
+  for (int64_t q0 = 0; q0 < len_q; q0 += kBlockM) {
+    const int rows = static_cast<int>(std::min<int64_t>(kBlockM, len_q - q0));
+    std::fill(o, o + static_cast<int64_t>(rows) * dv, 0.0f);
+    for (int64_t k0 = 0; k0 < len_k; k0 += kBlockN) {
+      const int kc = static_cast<int>(std::min<int64_t>(kBlockN, len_k - k0));
+      load_rows(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype, p.v_strides.row, kc,
+                dv, vf);
+      for (int i = 0; i < rows; ++i) {
+        pv_row(sp + (q0 + i) * len_k + k0, kc, vf, dv, o + static_cast<int64_t>(i) * dv);
+      }
+    }
+    for (int i = 0; i < rows; ++i) {
+      store_row(o + static_cast<int64_t>(i) * dv, dv,
+                elem_ptr(p.out, offset_of(p.out_strides, b, row0_q, q0 + i, h), p.dtype), p.dtype);
+    }
   }
 }
 
@@ -88,11 +101,12 @@ void forward_naive(const core::AttentionProblem& p) {
   const int64_t items = p.batch * p.num_heads;
   if (items == 0) return;
   const int threads = thread_count(p);
-  const int64_t per_thread = kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockM * kBlockN + p.head_dim_v;
+  const int64_t per_thread =
+      kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockM * kBlockN + kBlockN * p.head_dim_v + kBlockM * p.head_dim_v;
   std::vector<float> scratch(static_cast<std::size_t>(per_thread) * threads);
   std::vector<std::vector<float>> big(static_cast<std::size_t>(threads));
   // Reserve the O(N²) buffers up front so an allocation failure surfaces as std::bad_alloc here, not inside OpenMP.
-  const std::size_t need = static_cast<std::size_t>(p.max_seqlen_q * p.max_seqlen_k + p.max_seqlen_k * p.head_dim_v);
+  const std::size_t need = static_cast<std::size_t>(p.max_seqlen_q * p.max_seqlen_k);
   for (auto& v : big) v.reserve(need);
 #pragma omp parallel num_threads(threads)
   {
