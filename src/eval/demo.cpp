@@ -4,10 +4,14 @@
 
 namespace flashkv::eval {
 
-std::vector<KVCacheSpec> demo_formats() {
+int32_t demo_kivi_group(int32_t head_dim) { return head_dim >= 32 ? 32 : head_dim; }
+
+std::vector<KVCacheSpec> demo_formats(int32_t head_dim) {
+  const std::string g = "_g" + std::to_string(demo_kivi_group(head_dim));
   std::vector<KVCacheSpec> f;
-  for (const char* s : {"fp32", "bf16", "fp8_e4m3", "int8", "int4", "int4_kivi", "int2_kivi+r32"})
-    f.push_back(parse_format_item(s));
+  for (const std::string s : {"fp32", "bf16", "fp8_e4m3", "int8", "int4"}) f.push_back(parse_format_item(s));
+  f.push_back(parse_format_item("int4_kivi" + g));
+  f.push_back(parse_format_item("int2_kivi" + g + "+r32"));
   return f;
 }
 
@@ -15,7 +19,7 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   const Model& model = lm.model;
   const Tokenizer& tok = *lm.tokenizer;
   const ModelConfig& c = model.config;
-  if (o.formats.empty()) throw Error("kv-cache", "at least one format", "none");
+  const std::vector<KVCacheSpec> formats = o.formats.empty() ? demo_formats(c.head_dim) : o.formats;
   if (o.samples < 0) throw Error("samples", ">= 0", std::to_string(o.samples));
   DemoResult res;
   res.prompt_tokens = tok.encode(o.prompt, true, false);
@@ -29,7 +33,7 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   // 1) Greedy generation per format.
   std::vector<GenerationResult> gens;
   std::vector<int32_t> ref_tokens;
-  for (const auto& spec : o.formats) {
+  for (const auto& spec : formats) {
     Engine engine(model, spec, 1);
     Sampler greedy(SamplerConfig{});
     gens.push_back(generate(engine, res.prompt_tokens, steps, greedy));
@@ -49,7 +53,7 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
     auto sampled = sample_sequences(model, o.samples, c.seq_len, o.seed);
     seqs.insert(seqs.end(), sampled.begin(), sampled.end());
   }
-  res.rows = evaluate(model, o.formats, seqs, 0, progress);
+  res.rows = evaluate(model, formats, seqs, 0, progress);
   res.sequences = static_cast<int32_t>(seqs.size());
   for (std::size_t i = 0; i < res.rows.size(); ++i) {
     FormatRow& row = res.rows[i];

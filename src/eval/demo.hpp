@@ -9,15 +9,18 @@
 
 namespace flashkv::eval {
 
-/// The demo's formats: fp32, bf16, fp8_e4m3, int8, int4, int4_kivi, int2_kivi+r32 (page_size 32, KIVI G = 32).
-std::vector<KVCacheSpec> demo_formats();
+/// The demo's formats: fp32, bf16, fp8_e4m3, int8, int4, int4_kivi, int2_kivi+r32 (page_size 32; KIVI group
+/// G = min(32, head_dim), since KIVI groups V over G channels).
+std::vector<KVCacheSpec> demo_formats(int32_t head_dim = 128);
+/// The KIVI group size used by demo_formats(head_dim).
+int32_t demo_kivi_group(int32_t head_dim);
 
 struct DemoOptions {
   std::string prompt;            ///< "" = generate from BOS
   int32_t steps = 0;             ///< generated tokens per format; 0 = up to the context end
   int32_t samples = 7;           ///< extra sequences sampled from the fp32 model for the teacher-forced metrics
   uint64_t seed = 1;
-  std::vector<KVCacheSpec> formats = demo_formats();
+  std::vector<KVCacheSpec> formats;  ///< empty = demo_formats(model head_dim)
 };
 
 struct DemoResult {

@@ -1,0 +1,114 @@
+"""Exactness: with a float32 KV cache and greedy sampling, `flashkv generate` reproduces token for token the
+independent numpy implementation (reference_llama.py) on the shipped model — from BOS, from a prompt, and after
+`flashkv convert --to gguf`. Also checks CLI error handling (one line, exit code 2)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference_llama as ref  # noqa: E402
+
+CLI = os.environ.get("FLASHKV_CLI", "flashkv")
+MODELS = os.environ.get("FLASHKV_MODELS_DIR",
+                        os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
+MODEL = os.path.join(MODELS, "aidreams260K.bin")
+TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
+PROMPTS = ["", "The machine dreams of", "Echoes of light"]
+
+
+def run_cli(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def generate(model, prompt, *extra, tokenizer=TOK):
+    args = ["generate", "--model", model, "--prompt", prompt, "--temperature", "0", "--steps", "200", "--json",
+            "--kv-cache", "fp32", *extra]
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
+    p = run_cli(*args)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return ref.Checkpoint(MODEL)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return ref.Tokenizer(TOK, checkpoint.vocab)
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("gguf") / "model.gguf")
+    p = run_cli("convert", "--model", MODEL, "--tokenizer", TOK, "--to", "gguf", "--type", "f32", "-o", out)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_matches_numpy_reference(checkpoint, tokenizer, prompt):
+    prompt_tokens = tokenizer.encode(prompt)
+    expected = ref.greedy(checkpoint, prompt_tokens, steps=200)
+    got = generate(MODEL, prompt)
+    assert got["prompt_tokens"] == prompt_tokens
+    assert got["tokens"] == expected
+    assert len(expected) > 20  # a real text, not an immediate stop
+
+
+def test_from_bos_text_is_the_documented_one(checkpoint):
+    got = generate(MODEL, "")
+    assert got["text"].startswith('"Echoes of vectors unfold')
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_gguf_conversion_generates_the_same_tokens(checkpoint, tokenizer, gguf_path, prompt):
+    expected = ref.greedy(checkpoint, tokenizer.encode(prompt), steps=200)
+    got = generate(gguf_path, prompt, tokenizer=None)  # embedded vocabulary
+    assert got["model_format"] == "gguf"
+    assert got["tokens"] == expected
+
+
+def test_batch_size_and_prefill_path_do_not_change_greedy_tokens(checkpoint, tokenizer):
+    # bf16 cache must still start like fp32 for a few tokens (sanity), and --kv-k/--kv-v fp32 equals --kv-cache fp32.
+    a = generate(MODEL, "Echoes of light")
+    p = run_cli("generate", "--model", MODEL, "--tokenizer", TOK, "--prompt", "Echoes of light", "--temperature", "0",
+                "--steps", "200", "--json", "--kv-k", "fp32", "--kv-v", "fp32")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"] == a["tokens"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--kv-cache", "int3"], "kv_cache_dtype"),
+    (["--steps", "0"], "steps"),
+    (["--steps", "-4"], "steps"),
+    (["--prompt", "dream " * 200], "prompt"),
+    (["--kv-k", "int8"], "kv-k"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--rotate", "spin"], "rotate"),
+])
+def test_generate_errors_are_one_line_exit_2(args, needle):
+    p = run_cli("generate", "--model", MODEL, "--tokenizer", TOK, *args)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/model.bin", TOK])
+def test_missing_or_corrupt_model_exit_2(model):
+    p = run_cli("generate", "--model", model, "--tokenizer", TOK)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_tokenizer_vocab_mismatch_exit_2(tmp_path):
+    bad = tmp_path / "tok.bin"
+    bad.write_bytes(open(TOK, "rb").read()[:-10])
+    p = run_cli("generate", "--model", MODEL, "--tokenizer", str(bad))
+    assert p.returncode == 2 and "truncated" in p.stderr
