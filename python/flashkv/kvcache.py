@@ -1,0 +1,270 @@
+"""Quantized paged KV cache (flashkv_kvcache.h over include/flashkv/kvcache.hpp) for numpy / torch CPU tensors.
+
+    import numpy as np, flashkv
+    cache = flashkv.KVCache(num_layers=32, num_heads_kv=8, head_dim=128, kv_cache_dtype="int4",
+                            page_size=16, capacity_pages=4096)
+    cache.add_sequence(0)
+    cache.append(0, layer, k, v)                 # k, v [n_tokens, num_heads_kv, head_dim] float32/float16/bfloat16
+    out, lse = cache.attention([0], q, layer)    # q [n_q, num_heads, head_dim]; out like q, lse [num_heads, n_q]
+    cache.memory_report()                        # dict of exact byte counts (codes/metadata/residual/slack/...)
+
+kv_cache_dtype strings: "fp32", "bf16", "fp16", "fp8_e4m3" (= "fp8"), "fp8_e5m2", "fp8_e4m3_dynamic", "int8", "int4",
+"int4_kivi", "int2_kivi", with an optional group suffix "_gN" and the explicit form "k:int8,v:int4". Errors: ValueError
+(bad argument, naming it), TypeError (dtype), flashkv.CapacityError (pool full; the cache is unchanged).
+Sources: KIVI (arXiv 2402.02750) for the *_kivi formats, QuaRot (arXiv 2404.00456) for rotation="hadamard",
+flash-decoding for the split-KV attention.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _library as L
+from ._tensor import new_output, to_tensor
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("num_layers", ctypes.c_int32),
+        ("num_heads_kv", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("kv_cache_dtype", ctypes.c_char_p),
+        ("page_size", ctypes.c_int32),
+        ("residual_tokens", ctypes.c_int32),
+        ("sink_tokens", ctypes.c_int32),
+        ("rotation", ctypes.c_int32),
+        ("rotation_seed", ctypes.c_uint64),
+        ("k_scales", ctypes.POINTER(ctypes.c_float)),
+        ("num_k_scales", ctypes.c_int32),
+        ("v_scales", ctypes.POINTER(ctypes.c_float)),
+        ("num_v_scales", ctypes.c_int32),
+        ("capacity_pages", ctypes.c_int64),
+        ("capacity_bytes", ctypes.c_int64),
+    ]
+
+
+class _AttnOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("has_softmax_scale", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_size_left", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("num_splits", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+    ]
+
+
+_REPORT_FIELDS = [
+    "num_sequences", "num_tokens", "token_layers", "page_bytes", "pages_total", "pages_used", "pages_free",
+    "code_bytes", "metadata_bytes", "residual_bytes", "slack_bytes", "total_bytes", "pool_bytes",
+]
+
+
+class _Report(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32)] + [(f, ctypes.c_int64) for f in _REPORT_FIELDS] + [
+        ("bits_per_element", ctypes.c_double),
+        ("ratio_vs_bf16", ctypes.c_double),
+    ]
+
+
+_declared = False
+
+
+def _lib() -> ctypes.CDLL:
+    global _declared
+    lib = L.lib()
+    if not _declared:
+        T = ctypes.POINTER(L.Tensor)
+        C = ctypes.POINTER(_Config)
+        H = ctypes.c_void_p
+        i32, i64 = ctypes.c_int32, ctypes.c_int64
+        sigs = {
+            "flashkv_kv_cache_config_default": [C],
+            "flashkv_kv_attention_options_default": [ctypes.POINTER(_AttnOptions)],
+            "flashkv_kv_cache_create": [C, ctypes.POINTER(H)],
+            "flashkv_kv_cache_free": [H],
+            "flashkv_kv_cache_add_sequence": [H, i64],
+            "flashkv_kv_cache_remove_sequence": [H, i64],
+            "flashkv_kv_cache_seq_len": [H, i64, i32, ctypes.POINTER(i64)],
+            "flashkv_kv_cache_append": [H, i64, i32, T, T],
+            "flashkv_kv_cache_attention": [H, ctypes.POINTER(i64), i32, ctypes.POINTER(i32), i32, T, T, T,
+                                           ctypes.POINTER(_AttnOptions)],
+            "flashkv_kv_cache_memory_report": [H, ctypes.POINTER(_Report)],
+            "flashkv_kv_cache_dequantize": [H, i64, i32, T, T],
+            "flashkv_kv_memory_estimate": [C, i64, i64, ctypes.POINTER(_Report)],
+        }
+        for name, args in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        _declared = True
+    return lib
+
+
+def _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, residual_tokens, sink_tokens, rotation,
+            rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes) -> tuple[_Config, list]:
+    lib = _lib()
+    c = _Config()
+    L.check(lib.flashkv_kv_cache_config_default(ctypes.byref(c)))
+    keep: list = []
+    for name, val in (("num_layers", num_layers), ("num_heads_kv", num_heads_kv), ("head_dim", head_dim),
+                      ("page_size", page_size), ("residual_tokens", residual_tokens), ("sink_tokens", sink_tokens)):
+        if not isinstance(val, (int, np.integer)) or isinstance(val, bool):
+            raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(val).__name__}")
+        setattr(c, name, int(val))
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"flashkv: argument 'kv_cache_dtype': expected a str, got {type(kv_cache_dtype).__name__}")
+    enc = kv_cache_dtype.encode()
+    keep.append(enc)
+    c.kv_cache_dtype = enc
+    if rotation not in ("none", "hadamard"):
+        raise ValueError(f"flashkv: argument 'rotation': expected 'none' or 'hadamard', got {rotation!r}")
+    c.rotation = 1 if rotation == "hadamard" else 0
+    c.rotation_seed = int(rotation_seed)
+    for field, vals in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if vals is None:
+            continue
+        arr = np.ascontiguousarray(np.asarray(vals, dtype=np.float32).reshape(-1))
+        keep.append(arr)
+        setattr(c, field, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        setattr(c, "num_" + field, int(arr.size))
+    c.capacity_pages = int(capacity_pages)
+    c.capacity_bytes = int(capacity_bytes)
+    return c, keep
+
+
+def _report_dict(r: _Report) -> dict:
+    d = {f: int(getattr(r, f)) for f in _REPORT_FIELDS}
+    d["bits_per_element"] = float(r.bits_per_element)
+    d["ratio_vs_bf16"] = float(r.ratio_vs_bf16)
+    return d
+
+
+def kv_memory_estimate(num_layers: int, num_heads_kv: int, head_dim: int, batch: int, tokens: int,
+                       kv_cache_dtype: str = "bf16", page_size: int = 16, residual_tokens: int = 0,
+                       sink_tokens: int = 0) -> dict:
+    """The `flashkv kv-mem` formula: bytes of `batch` sequences of `tokens` tokens (dict as KVCache.memory_report)."""
+    c, keep = _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, residual_tokens, sink_tokens,
+                      "none", 0, None, None, 0, 0)
+    r = _Report()
+    r.struct_size = ctypes.sizeof(_Report)
+    L.check(_lib().flashkv_kv_memory_estimate(ctypes.byref(c), int(batch), int(tokens), ctypes.byref(r)))
+    del keep
+    return _report_dict(r)
+
+
+class KVCache:
+    """A quantized paged KV cache. See the module docstring and include/flashkv/kvcache.hpp for the semantics."""
+
+    def __init__(self, num_layers: int, num_heads_kv: int, head_dim: int, kv_cache_dtype: str = "bf16", *,
+                 page_size: int = 16, residual_tokens: int = 0, sink_tokens: int = 0, rotation: str = "none",
+                 rotation_seed: int = 0, k_scales: Sequence[float] | None = None,
+                 v_scales: Sequence[float] | None = None, capacity_pages: int = 0, capacity_bytes: int = 0):
+        self._h = None
+        c, keep = _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, residual_tokens, sink_tokens,
+                          rotation, rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes)
+        h = ctypes.c_void_p()
+        L.check(_lib().flashkv_kv_cache_create(ctypes.byref(c), ctypes.byref(h)))
+        del keep
+        self._h = h
+        self.num_layers, self.num_heads_kv, self.head_dim = int(num_layers), int(num_heads_kv), int(head_dim)
+        self.kv_cache_dtype = kv_cache_dtype
+
+    def close(self) -> None:
+        """Frees the cache (idempotent); also called by the destructor and `with`."""
+        if self._h is not None:
+            _lib().flashkv_kv_cache_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "KVCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _handle(self) -> ctypes.c_void_p:
+        if self._h is None:
+            raise ValueError("flashkv: argument 'self': expected an open KVCache, got a closed one")
+        return self._h
+
+    def add_sequence(self, seq_id: int) -> None:
+        L.check(_lib().flashkv_kv_cache_add_sequence(self._handle(), int(seq_id)))
+
+    def remove_sequence(self, seq_id: int) -> None:
+        L.check(_lib().flashkv_kv_cache_remove_sequence(self._handle(), int(seq_id)))
+
+    def seq_len(self, seq_id: int, layer: int = 0) -> int:
+        n = ctypes.c_int64()
+        L.check(_lib().flashkv_kv_cache_seq_len(self._handle(), int(seq_id), int(layer), ctypes.byref(n)))
+        return int(n.value)
+
+    def append(self, seq_id: int, layer: int, k: Any, v: Any, dtype: str | None = None) -> None:
+        """Quantize-on-write append: k, v [n_tokens, num_heads_kv, head_dim] (numpy or CPU torch; dtype='bfloat16'
+        marks uint16 arrays as bfloat16 bits)."""
+        kt, vt = to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+        L.check(_lib().flashkv_kv_cache_append(self._handle(), int(seq_id), int(layer), kt.ptr, vt.ptr))
+
+    def attention(self, seq_ids: Sequence[int], q: Any, layer: int, *, q_lens: Sequence[int] | None = None,
+                  causal: bool = True, window_size_left: int = -1, softcap: float = 0.0,
+                  softmax_scale: float | None = None, num_splits: int = 0, num_threads: int = 0,
+                  dtype: str | None = None) -> tuple[Any, Any]:
+        """Attention of q [total_q, num_heads, head_dim] against the cache of `layer` for the sequences `seq_ids`
+        (q_lens query tokens each; default one per sequence, i.e. decode). Returns (out like q, lse [num_heads,
+        total_q] float32, natural log)."""
+        ids = np.ascontiguousarray(np.asarray(list(seq_ids), dtype=np.int64))
+        lens = np.ones(ids.size, dtype=np.int64) if q_lens is None else np.asarray(list(q_lens), dtype=np.int64)
+        if lens.size != ids.size:
+            raise ValueError(f"flashkv: argument 'q_lens': expected {ids.size} values (one per sequence), "
+                             f"got {lens.size}")
+        if (lens < 0).any():
+            raise ValueError(f"flashkv: argument 'q_lens': expected values >= 0, got {lens.tolist()}")
+        cu = np.ascontiguousarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        qt = to_tensor(q, "q", dtype)
+        if len(qt.shape) != 3:
+            raise ValueError(f"flashkv: argument 'q': expected 3 dimensions [total_q, num_heads, head_dim], "
+                             f"got shape {qt.shape}")
+        out = new_output(qt, qt.shape, "out")
+        lse = new_output(qt, (qt.shape[1], qt.shape[0]), "lse", float32=True)
+        o = _AttnOptions()
+        L.check(_lib().flashkv_kv_attention_options_default(ctypes.byref(o)))
+        o.causal = 1 if causal else 0
+        o.window_size_left = int(window_size_left)
+        o.softcap = float(softcap)
+        if softmax_scale is not None:
+            o.has_softmax_scale, o.softmax_scale = 1, float(softmax_scale)
+        o.num_splits, o.num_threads = int(num_splits), int(num_threads)
+        L.check(_lib().flashkv_kv_cache_attention(
+            self._handle(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), int(ids.size),
+            cu.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), int(layer), qt.ptr, out.ptr, lse.ptr,
+            ctypes.byref(o)))
+        return out.obj, lse.obj
+
+    def memory_report(self) -> dict:
+        """Exact byte accounting: codes, metadata, residual (bf16 sinks + ring), slack, total, pages, bits/element."""
+        r = _Report()
+        r.struct_size = ctypes.sizeof(_Report)
+        L.check(_lib().flashkv_kv_cache_memory_report(self._handle(), ctypes.byref(r)))
+        return _report_dict(r)
+
+    def dequantize(self, seq_id: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v) float32 [seq_len, num_heads_kv, head_dim] as stored (original basis), for tests and analysis."""
+        n = self.seq_len(seq_id, layer)
+        k = np.empty((n, self.num_heads_kv, self.head_dim), dtype=np.float32)
+        v = np.empty_like(k)
+        kt, vt = to_tensor(k, "k_out"), to_tensor(v, "v_out")
+        L.check(_lib().flashkv_kv_cache_dequantize(self._handle(), int(seq_id), int(layer), kt.ptr, vt.ptr))
+        return k, v
+
+
+__all__ = ["KVCache", "kv_memory_estimate"]

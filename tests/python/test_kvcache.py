@@ -1,0 +1,123 @@
+"""flashkv.KVCache over the C ABI: attention equals the float64 reference on the dequantized cache, memory report
+equals the kv-mem formula, append in pieces == at once, typed errors with the cache left unchanged."""
+import numpy as np
+import pytest
+
+import flashkv
+from flashkv.kvcache import KVCache, kv_memory_estimate
+from reference import attention_ref
+
+
+def _cache(dtype="int8", **kw):
+    args = dict(num_layers=2, num_heads_kv=2, head_dim=64, kv_cache_dtype=dtype, page_size=16, capacity_pages=64)
+    args.update(kw)
+    return KVCache(**args)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3", "int8", "int4_g32", "int4_kivi", "k:int8,v:int2_kivi"])
+def test_attention_matches_reference_on_dequantized(rng, dtype):
+    c = _cache(dtype, page_size=32, residual_tokens=8, sink_tokens=2)
+    lens, nqs = [70, 5], [3, 1]
+    for s, n in enumerate(lens):
+        c.add_sequence(s)
+        k = rng.standard_normal((n, 2, 64)).astype(np.float32)
+        v = rng.standard_normal((n, 2, 64)).astype(np.float32)
+        c.append(s, 1, k, v)
+    q = rng.standard_normal((sum(nqs), 8, 64)).astype(np.float32)
+    out, lse = c.attention([0, 1], q, 1, q_lens=nqs, window_size_left=40)
+    assert out.shape == q.shape and out.dtype == np.float32 and lse.shape == (8, sum(nqs))
+    off = 0
+    for s, (n, nq) in enumerate(zip(lens, nqs)):
+        kd, vd = c.dequantize(s, 1)
+        ref, ref_lse = attention_ref(q[None, off:off + nq].astype(np.float64), kd[None].astype(np.float64),
+                                     vd[None].astype(np.float64), causal=True, window_size=(40, -1))
+        np.testing.assert_allclose(out[off:off + nq], ref[0], atol=2e-5 * np.abs(vd).max())
+        np.testing.assert_allclose(lse[:, off:off + nq], ref_lse[0], rtol=1e-5, atol=1e-5)
+        off += nq
+
+
+def test_append_in_pieces_equals_at_once(rng):
+    c = _cache("int2_kivi", page_size=32, residual_tokens=16)
+    k = rng.standard_normal((100, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((100, 2, 64)).astype(np.float32)
+    c.add_sequence(1)
+    c.add_sequence(2)
+    c.append(1, 0, k, v)
+    for a, b in [(0, 1), (1, 40), (40, 41), (41, 100)]:
+        c.append(2, 0, k[a:b], v[a:b])
+    k1, v1 = c.dequantize(1, 0)
+    k2, v2 = c.dequantize(2, 0)
+    assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
+    assert c.seq_len(2, 0) == 100 and c.seq_len(2, 1) == 0
+
+
+def test_memory_report_equals_formula(rng):
+    c = _cache("int4", page_size=16, residual_tokens=4, sink_tokens=1)
+    k = rng.standard_normal((37, 2, 64)).astype(np.float32)
+    for s in range(3):
+        c.add_sequence(s)
+        for layer in range(2):
+            c.append(s, layer, k, k)
+    live = c.memory_report()
+    est = kv_memory_estimate(2, 2, 64, batch=3, tokens=37, kv_cache_dtype="int4", page_size=16, residual_tokens=4,
+                             sink_tokens=1)
+    for key in ["code_bytes", "metadata_bytes", "residual_bytes", "slack_bytes", "total_bytes", "pages_used"]:
+        assert live[key] == est[key], key
+    assert live["total_bytes"] == live["pages_used"] * live["page_bytes"] + live["residual_bytes"]
+    # bf16 Llama-3-8B at 128k: 16 GiB exactly
+    assert kv_memory_estimate(32, 8, 128, 1, 131072)["total_bytes"] == 16 * 2**30
+
+
+def test_bfloat16_bits_and_float16_inputs(rng):
+    c = _cache("bf16")
+    c.add_sequence(0)
+    k = rng.standard_normal((9, 2, 64)).astype(np.float32)
+    bits = (k.view(np.uint32) >> 16).astype(np.uint16)  # exact bf16 values (truncation of float32)
+    c.append(0, 0, bits, bits, dtype="bfloat16")
+    kd, vd = c.dequantize(0, 0)
+    np.testing.assert_array_equal(kd, (bits.astype(np.uint32) << 16).view(np.float32))
+    c.append(0, 0, k.astype(np.float16), k.astype(np.float16))
+    assert c.seq_len(0, 0) == 18
+    q = rng.standard_normal((1, 4, 64)).astype(np.float16)
+    out, lse = c.attention([0], q, 0)
+    assert out.dtype == np.float16 and np.isfinite(out).all()
+
+
+def test_errors_are_typed_and_leave_cache_unchanged(rng):
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        _cache("int3")
+    with pytest.raises(ValueError, match="page_size"):
+        _cache("int4_kivi_g64", page_size=32)
+    with pytest.raises(ValueError, match="head_dim"):
+        _cache("int4_g64", head_dim=96)
+    c = _cache("int8", page_size=16, capacity_pages=2)
+    c.add_sequence(0)
+    k = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    c.append(0, 0, k[:20], k[:20])
+    before = (c.memory_report(), *c.dequantize(0, 0))
+    with pytest.raises(flashkv.CapacityError, match="cache unchanged"):
+        c.append(0, 0, k, k)  # 60 tokens need 4 pages
+    with pytest.raises(ValueError, match="seq_id"):
+        c.append(7, 0, k, k)
+    with pytest.raises(ValueError, match="layer"):
+        c.append(0, 5, k, k)
+    with pytest.raises(ValueError, match="'k'"):
+        c.append(0, 0, k[:, :1], k)
+    with pytest.raises(TypeError, match="'v'"):
+        c.append(0, 0, k, k.astype(np.float16))
+    bad = k.copy()
+    bad[3, 1, 5] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        c.append(0, 0, bad[:4], k[:4])
+    with pytest.raises(ValueError, match="seq_ids"):
+        c.attention([3], rng.standard_normal((1, 4, 64)).astype(np.float32), 0)
+    with pytest.raises(ValueError, match="'q'"):
+        c.attention([0], rng.standard_normal((1, 3, 64)).astype(np.float32), 0)
+    with pytest.raises(TypeError):
+        c.attention([0], rng.standard_normal((1, 4, 64)), 0)  # float64
+    after = (c.memory_report(), *c.dequantize(0, 0))
+    assert before[0] == after[0]
+    assert np.array_equal(before[1], after[1]) and np.array_equal(before[2], after[2])
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.add_sequence(1)
