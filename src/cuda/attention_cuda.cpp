@@ -1,0 +1,222 @@
+// CUDA backend entry points: AttentionProblem -> kernel parameters, layout normalization (padding), dispatch to the
+// compiled instantiation, and registration in the core::DeviceBackend table.
+#include "cuda/attention_cuda.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/backend.hpp"
+#include "cuda/check.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/util.hpp"
+#include "flashkv/error.hpp"
+
+namespace flashkv::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+TensorStrides strides_of(const core::Strides3& s) { return TensorStrides{s.batch, s.row, s.head}; }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool strides_ok(const core::Strides3& s) { return s.batch % 8 == 0 && s.row % 8 == 0 && s.head % 8 == 0; }
+
+void check_supported(const core::AttentionProblem& pr) {
+  if (pr.dtype != DType::bfloat16 && pr.dtype != DType::float16) {
+    throw UnsupportedError(std::string("flashkv: the CUDA backend computes in bfloat16 or float16; dtype ") +
+                           dtype_name(pr.dtype) + " is only supported on the CPU");
+  }
+  if (pr.head_dim_v != pr.head_dim) {
+    throw UnsupportedError("flashkv: the CUDA backend requires head_dim_v == head_dim (got head_dim " +
+                           std::to_string(pr.head_dim) + ", head_dim_v " + std::to_string(pr.head_dim_v) + ")");
+  }
+  if (!pr.is_backward && pr.algorithm == Algorithm::naive) {
+    throw UnsupportedError(
+        "flashkv: algorithm 'naive' is not implemented on CUDA (use 'tiled' or 'v1'; the benchmark's naive baseline "
+        "is PyTorch's materializing attention)");
+  }
+  if (pr.max_seqlen_q > INT32_MAX || pr.max_seqlen_k > INT32_MAX || pr.num_heads > 65535 || pr.batch > 65535) {
+    throw UnsupportedError("flashkv: CUDA backend limits: seqlen < 2^31, num_heads <= 65535, batch <= 65535");
+  }
+}
+
+void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
+  p.q = pr.q;
+  p.k = pr.k;
+  p.v = pr.v;
+  p.out = pr.out;
+  p.lse = pr.lse;
+  p.q_s = strides_of(pr.q_strides);
+  p.k_s = strides_of(pr.k_strides);
+  p.v_s = strides_of(pr.v_strides);
+  p.out_s = strides_of(pr.out_strides);
+  p.lse_batch = pr.lse_strides.batch;
+  p.lse_head = pr.lse_strides.head;
+  p.lse_row = pr.lse_strides.row;
+  p.cu_seqlens_q = pr.is_varlen ? pr.cu_seqlens_q : nullptr;
+  p.cu_seqlens_k = pr.is_varlen ? pr.cu_seqlens_k : nullptr;
+  p.batch = static_cast<int32_t>(pr.batch);
+  p.num_heads = static_cast<int32_t>(pr.num_heads);
+  p.num_heads_kv = static_cast<int32_t>(pr.num_heads_kv);
+  p.head_dim = static_cast<int32_t>(pr.head_dim);
+  p.seqlen_q = static_cast<int32_t>(pr.max_seqlen_q);
+  p.seqlen_k = static_cast<int32_t>(pr.max_seqlen_k);
+  p.window_left = pr.window_size_left;
+  p.window_right = pr.window_size_right;
+  p.softmax_scale = pr.softmax_scale;
+  p.softcap = pr.softcap > 0.f;
+  p.score_scale = p.softcap ? pr.softmax_scale / pr.softcap : 1.f;
+  p.softmax_scale_log2 = p.softcap ? pr.softcap * kLog2e : pr.softmax_scale * kLog2e;
+}
+
+int64_t round_up8(int64_t d) { return (d + 7) / 8 * 8; }
+
+/// Rows/batch of a tensor as seen by pad_copy (packed varlen tensors are one batch of total rows).
+struct RowsView {
+  int64_t batch, rows;
+};
+RowsView q_rows(const core::AttentionProblem& pr) {
+  return pr.is_varlen ? RowsView{1, pr.total_q} : RowsView{pr.batch, pr.seqlen_q};
+}
+RowsView k_rows(const core::AttentionProblem& pr) {
+  return pr.is_varlen ? RowsView{1, pr.total_k} : RowsView{pr.batch, pr.seqlen_k};
+}
+TensorStrides contiguous_strides(const core::AttentionProblem& pr, int64_t rows, int64_t heads, int64_t dpad) {
+  return TensorStrides{pr.is_varlen ? 0 : rows * heads * dpad, heads * dpad, dpad};
+}
+
+/// A padded contiguous copy of one [batch, rows, heads, head_dim] operand.
+struct Padded {
+  DeviceBuffer buf;
+  TensorStrides s;
+  Padded(const core::AttentionProblem& pr, const void* src, const core::Strides3& src_s, RowsView rv, int64_t heads,
+         int64_t dpad, bool copy_in, cudaStream_t st)
+      : buf(static_cast<size_t>(rv.batch * rv.rows * heads * dpad) * 2, st),
+        s(contiguous_strides(pr, rv.rows, heads, dpad)) {
+    if (copy_in) pad_copy(src, strides_of(src_s), buf.get(), rv.batch, rv.rows, heads, pr.head_dim, dpad, st);
+  }
+};
+
+bool needs_padding(const core::AttentionProblem& pr) {
+  bool ok = pr.head_dim % 8 == 0 && aligned16(pr.q) && aligned16(pr.k) && aligned16(pr.v) && aligned16(pr.out) &&
+            strides_ok(pr.q_strides) && strides_ok(pr.k_strides) && strides_ok(pr.v_strides) &&
+            strides_ok(pr.out_strides);
+  if (pr.is_backward) {
+    ok = ok && aligned16(pr.dout) && aligned16(pr.dq) && aligned16(pr.dk) && aligned16(pr.dv) &&
+         strides_ok(pr.dout_strides) && strides_ok(pr.dq_strides) && strides_ok(pr.dk_strides) &&
+         strides_ok(pr.dv_strides);
+  }
+  return !ok;
+}
+
+void run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEntry& ke, cudaStream_t st) {
+  const int64_t dround = ke.head_dim;
+  const int64_t group = pr.num_heads / pr.num_heads_kv;
+  p.total_q = pr.total_q;
+  p.total_k = pr.total_k;
+  p.head_dim_rounded = static_cast<int32_t>(dround);
+  p.deterministic = pr.deterministic;
+  // Workspaces: dq accumulator, D and lse*log2(e), per-query-head dk/dv for GQA, turn counters (deterministic).
+  DeviceBuffer dq_accum(static_cast<size_t>(pr.total_q * pr.num_heads * dround) * 4, st);
+  DeviceBuffer dsum(static_cast<size_t>(pr.total_q * pr.num_heads) * 4, st);
+  DeviceBuffer lse2(static_cast<size_t>(pr.total_q * pr.num_heads) * 4, st);
+  const size_t kv_accum_bytes = group > 1 ? static_cast<size_t>(pr.total_k * pr.num_heads * dround) * 4 : 0;
+  DeviceBuffer dk_accum(kv_accum_bytes, st), dv_accum(kv_accum_bytes, st);
+  const int64_t m_blocks = (pr.max_seqlen_q + 63) / 64 + 1;  // upper bound over the backward tile sizes (kBlockM >= 64)
+  DeviceBuffer sem(pr.deterministic ? static_cast<size_t>(pr.batch * pr.num_heads * m_blocks) * 4 : 0, st);
+  p.dq_accum = dq_accum.as<float>();
+  p.dsum = dsum.as<float>();
+  p.lse_log2 = lse2.as<float>();
+  p.dk_accum = dk_accum.as<float>();
+  p.dv_accum = dv_accum.as<float>();
+  p.dq_semaphore = sem.as<int32_t>();
+  p.num_m_blocks = static_cast<int32_t>(m_blocks);
+  reinterpret_cast<BwdLaunch>(ke.launch)(p, st);
+}
+
+}  // namespace
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
+  check_supported(pr);
+  const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
+  const int64_t dpad = round_up8(pr.head_dim);
+  const KernelEntry& ke = find_kernel(kind, dpad, pr.dtype);
+  DeviceGuard guard(pr.device_index);
+  auto st = static_cast<cudaStream_t>(stream);
+  if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
+  FwdParams p;
+  fill_common(pr, p);
+  if (!needs_padding(pr)) {
+    reinterpret_cast<FwdLaunch>(ke.launch)(p, st);
+  } else {
+    const RowsView qr = q_rows(pr), kr = k_rows(pr);
+    Padded q(pr, pr.q, pr.q_strides, qr, pr.num_heads, dpad, true, st);
+    Padded k(pr, pr.k, pr.k_strides, kr, pr.num_heads_kv, dpad, true, st);
+    Padded v(pr, pr.v, pr.v_strides, kr, pr.num_heads_kv, dpad, true, st);
+    Padded o(pr, nullptr, pr.out_strides, qr, pr.num_heads, dpad, false, st);
+    p.q = q.buf.get(), p.k = k.buf.get(), p.v = v.buf.get(), p.out = o.buf.get();
+    p.q_s = q.s, p.k_s = k.s, p.v_s = v.s, p.out_s = o.s;
+    p.head_dim = static_cast<int32_t>(dpad);
+    reinterpret_cast<FwdLaunch>(ke.launch)(p, st);
+    unpad_copy(o.buf.get(), pr.out, strides_of(pr.out_strides), qr.batch, qr.rows, pr.num_heads, pr.head_dim, dpad,
+               st);
+  }
+}
+
+void attention_backward_cuda(const core::AttentionProblem& pr, void* stream) {
+  check_supported(pr);
+  const int64_t dpad = round_up8(pr.head_dim);
+  const KernelEntry& ke = find_kernel(KernelKind::bwd, dpad, pr.dtype);
+  DeviceGuard guard(pr.device_index);
+  auto st = static_cast<cudaStream_t>(stream);
+  if (pr.batch == 0 || pr.num_heads == 0) return;
+  BwdParams p;
+  fill_common(pr, p);
+  p.dout = pr.dout;
+  p.dq = pr.dq;
+  p.dk = pr.dk;
+  p.dv = pr.dv;
+  p.dout_s = strides_of(pr.dout_strides);
+  p.dq_s = strides_of(pr.dq_strides);
+  p.dk_s = strides_of(pr.dk_strides);
+  p.dv_s = strides_of(pr.dv_strides);
+  if (!needs_padding(pr)) {
+    run_backward(pr, p, ke, st);
+    return;
+  }
+  const RowsView qr = q_rows(pr), kr = k_rows(pr);
+  const int64_t h = pr.num_heads, hk = pr.num_heads_kv;
+  Padded q(pr, pr.q, pr.q_strides, qr, h, dpad, true, st);
+  Padded k(pr, pr.k, pr.k_strides, kr, hk, dpad, true, st);
+  Padded v(pr, pr.v, pr.v_strides, kr, hk, dpad, true, st);
+  Padded o(pr, pr.out, pr.out_strides, qr, h, dpad, true, st);
+  Padded dO(pr, pr.dout, pr.dout_strides, qr, h, dpad, true, st);
+  Padded dq(pr, nullptr, pr.dq_strides, qr, h, dpad, false, st);
+  Padded dk(pr, nullptr, pr.dk_strides, kr, hk, dpad, false, st);
+  Padded dv(pr, nullptr, pr.dv_strides, kr, hk, dpad, false, st);
+  p.q = q.buf.get(), p.k = k.buf.get(), p.v = v.buf.get(), p.out = o.buf.get(), p.dout = dO.buf.get();
+  p.dq = dq.buf.get(), p.dk = dk.buf.get(), p.dv = dv.buf.get();
+  p.q_s = q.s, p.k_s = k.s, p.v_s = v.s, p.out_s = o.s, p.dout_s = dO.s, p.dq_s = dq.s, p.dk_s = dk.s, p.dv_s = dv.s;
+  p.head_dim = static_cast<int32_t>(dpad);
+  run_backward(pr, p, ke, st);
+  unpad_copy(dq.buf.get(), pr.dq, strides_of(pr.dq_strides), qr.batch, qr.rows, h, pr.head_dim, dpad, st);
+  unpad_copy(dk.buf.get(), pr.dk, strides_of(pr.dk_strides), kr.batch, kr.rows, hk, pr.head_dim, dpad, st);
+  unpad_copy(dv.buf.get(), pr.dv, strides_of(pr.dv_strides), kr.batch, kr.rows, hk, pr.head_dim, dpad, st);
+}
+
+namespace {
+void forward_hook(const core::AttentionProblem& pr, void* stream) { attention_forward_cuda(pr, stream); }
+void backward_hook(const core::AttentionProblem& pr, void* stream) { attention_backward_cuda(pr, stream); }
+const core::DeviceBackend kCudaBackend{&forward_hook, &backward_hook, &cuda_device_available, "cuda"};
+const bool kRegistered = (core::register_device_backend(Device::cuda, &kCudaBackend), true);
+}  // namespace
+
+}  // namespace flashkv::cuda

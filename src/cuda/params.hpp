@@ -1,0 +1,90 @@
+// Kernel parameter blocks of the CUDA backend (plain structs passed by value to __global__ functions).
+// Filled on the host from a validated core::AttentionProblem (src/cuda/attention_cuda.cpp) or a decode request
+// (src/cuda/decode_cuda.cpp). Strides are in ELEMENTS and int64 (64-bit offsets everywhere: batch*heads*seqlen*head_dim
+// may exceed 2^31). Pointers are device pointers; head_dim here is a multiple of 8 (the host pads otherwise).
+#pragma once
+
+#include <cstdint>
+
+namespace flashkv::cuda {
+
+struct TensorStrides {
+  int64_t batch = 0;  ///< 0 for packed varlen tensors
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+/// Forward (and the shared part of backward).
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  ///< optional; natural log
+  TensorStrides q_s, k_s, v_s, out_s;
+  int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
+
+  const int32_t* cu_seqlens_q = nullptr;  ///< varlen when non-null
+  const int32_t* cu_seqlens_k = nullptr;
+  int32_t batch = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
+  int32_t seqlen_q = 0, seqlen_k = 0;  ///< fixed-length sizes; varlen: max_seqlen_q/k (grid bounds)
+
+  int32_t window_left = -1, window_right = -1;
+  float softmax_scale = 1.f;
+  /// Scores are computed as s = qk * score_scale, then (softcap only) s = tanh(s); the softmax uses
+  /// exp2(s * softmax_scale_log2 - m). Without softcap: score_scale = 1, softmax_scale_log2 = scale * log2(e).
+  /// With softcap c: score_scale = scale / c and softmax_scale_log2 = c * log2(e).
+  float score_scale = 1.f;
+  float softmax_scale_log2 = 1.f;
+  bool softcap = false;
+};
+
+/// Backward: forward fields + gradients and workspace.
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  TensorStrides dout_s, dq_s, dk_s, dv_s;
+  float* dq_accum = nullptr;   ///< [total_q rows, num_heads, head_dim_rounded] float32 (zeroed by preprocess)
+  float* dk_accum = nullptr;   ///< GQA only: [total_k rows, num_heads, head_dim_rounded] float32 (per query head)
+  float* dv_accum = nullptr;
+  float* dsum = nullptr;       ///< [num_heads, total_q rows]: D = rowsum(dout * out)
+  float* lse_log2 = nullptr;   ///< [num_heads, total_q rows]: lse * log2(e), +inf for fully masked rows
+  int32_t* dq_semaphore = nullptr;  ///< deterministic mode: [batch, num_heads, num_m_blocks] turn counters
+  int32_t head_dim_rounded = 0;
+  int32_t num_m_blocks = 0;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+  bool deterministic = false;
+};
+
+/// Split-KV decode over a paged cache (flash-decoding). The cache is [num_pages, page_size, num_heads_kv, head_dim]
+/// (strides page/row/head); page_table is [batch, max_pages] int32; when page_table == nullptr the cache is contiguous
+/// [batch, seqlen, num_heads_kv, head_dim] with page_stride used as the batch stride.
+struct DecodeParams {
+  const void* q = nullptr;  ///< [batch, seqlen_q, num_heads, head_dim]
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  void* out = nullptr;      ///< [batch, seqlen_q, num_heads, head_dim]
+  float* lse = nullptr;     ///< optional [batch, num_heads, seqlen_q]
+  TensorStrides q_s, out_s;
+  int64_t k_page = 0, k_row = 0, k_head = 0;
+  int64_t v_page = 0, v_row = 0, v_head = 0;
+  int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
+  const int32_t* page_table = nullptr;
+  int64_t page_table_batch = 0;
+  const int32_t* seqlens_k = nullptr;  ///< [batch] tokens in the cache per sequence (after any append)
+  int32_t page_size_log2 = 0;
+  int32_t batch = 0, seqlen_q = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
+  int32_t max_seqlen_k = 0;
+  int32_t num_splits = 1;
+  int32_t rows_per_kv_head = 0;  ///< seqlen_q * (num_heads / num_heads_kv): query rows packed per kv head (PackGQA)
+  bool causal = false;           ///< bottom-right aligned over seqlen_q new tokens
+  float score_scale = 1.f, softmax_scale_log2 = 1.f;
+  bool softcap = false;
+  float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
+  float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
+};
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,138 @@
+// Host launcher of the FA2 backward: preprocess (D = rowsum(dout o out), lse * log2(e), zero dq_accum), the main
+// K/V-block-parallel kernel (bwd_kernel.cuh), dq conversion (dq = dq_accum * softmax_scale -> dtype) and, for GQA,
+// the fixed-order sum of the per-query-head dk/dv over each group.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/check.hpp"
+#include "cuda/sm80/bwd_kernel.cuh"
+
+namespace flashkv::cuda {
+
+template <int kHeadDim>
+struct BwdTiles;  // kBlockM x kBlockN, warps
+template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 64, 128, 8>; };
+template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8>; };
+template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8>; };
+template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8>; };
+template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8>; };
+
+namespace sm80 {
+
+/// One warp per (packed query row, head).
+template <class T>
+__global__ void bwd_preprocess_kernel(const BwdParams p) {
+  const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp_id >= p.total_q * p.num_heads) return;
+  const int64_t r = warp_id / p.num_heads;  // packed row
+  const int h = static_cast<int>(warp_id % p.num_heads);
+  int64_t b, i;  // batch and row within the sequence (varlen: batch stride 0, row index = packed row)
+  if (p.cu_seqlens_q != nullptr) {
+    b = 0;
+    i = r;
+  } else {
+    b = r / p.seqlen_q;
+    i = r % p.seqlen_q;
+  }
+  const T* o = static_cast<const T*>(p.out) + b * p.out_s.batch + i * p.out_s.row + h * p.out_s.head;
+  const T* d = static_cast<const T*>(p.dout) + b * p.dout_s.batch + i * p.dout_s.row + h * p.dout_s.head;
+  float acc = 0.f;
+  for (int c = lane * 2; c < p.head_dim; c += 64) {
+    const float2 ov = unpack2<T>(*reinterpret_cast<const uint32_t*>(o + c));
+    const float2 dv = unpack2<T>(*reinterpret_cast<const uint32_t*>(d + c));
+    acc += ov.x * dv.x + ov.y * dv.y;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  float* dqa = p.dq_accum + (r * p.num_heads + h) * static_cast<int64_t>(p.head_dim_rounded);
+  for (int c = lane; c < p.head_dim_rounded; c += 32) dqa[c] = 0.f;
+  if (lane == 0) {
+    // lse is [batch, heads, seqlen_q] (fixed) or [heads, total_q] (varlen, batch stride 0 and i = packed row).
+    const float lse = p.lse[b * p.lse_batch + h * p.lse_head + i * p.lse_row];
+    p.dsum[static_cast<int64_t>(h) * p.total_q + r] = acc;
+    p.lse_log2[static_cast<int64_t>(h) * p.total_q + r] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
+}
+
+template <class T>
+__global__ void bwd_convert_dq_kernel(const BwdParams p) {
+  const int64_t idx = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x);
+  const int half_d = p.head_dim / 2;
+  if (idx >= p.total_q * p.num_heads * half_d) return;
+  const int c = static_cast<int>(idx % half_d) * 2;
+  const int64_t rh = idx / half_d;
+  const int64_t r = rh / p.num_heads;
+  const int h = static_cast<int>(rh % p.num_heads);
+  int64_t b = 0, i = r;
+  if (p.cu_seqlens_q == nullptr) b = r / p.seqlen_q, i = r % p.seqlen_q;
+  const float2 v = *reinterpret_cast<const float2*>(p.dq_accum + rh * p.head_dim_rounded + c);
+  T* dst = static_cast<T*>(p.dq) + b * p.dq_s.batch + i * p.dq_s.row + h * p.dq_s.head + c;
+  *reinterpret_cast<uint32_t*>(dst) = pack2<T>(v.x * p.softmax_scale, v.y * p.softmax_scale);
+}
+
+/// GQA: dk[r, hk] = sum over the group's query heads (fixed order) of dk_accum[r, h]; same for dv.
+template <class T>
+__global__ void bwd_reduce_kv_kernel(const BwdParams p) {
+  const int64_t idx = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x);
+  const int half_d = p.head_dim / 2;
+  if (idx >= p.total_k * p.num_heads_kv * half_d) return;
+  const int group = p.num_heads / p.num_heads_kv;
+  const int c = static_cast<int>(idx % half_d) * 2;
+  const int64_t rh = idx / half_d;
+  const int64_t r = rh / p.num_heads_kv;
+  const int hk = static_cast<int>(rh % p.num_heads_kv);
+  int64_t b = 0, j = r;
+  if (p.cu_seqlens_k == nullptr) b = r / p.seqlen_k, j = r % p.seqlen_k;
+  float2 sk = make_float2(0.f, 0.f), sv = make_float2(0.f, 0.f);
+  for (int gi = 0; gi < group; ++gi) {
+    const int64_t off = (r * p.num_heads + hk * group + gi) * p.head_dim_rounded + c;
+    const float2 a = *reinterpret_cast<const float2*>(p.dk_accum + off);
+    const float2 v = *reinterpret_cast<const float2*>(p.dv_accum + off);
+    sk.x += a.x, sk.y += a.y, sv.x += v.x, sv.y += v.y;
+  }
+  T* dk = static_cast<T*>(p.dk) + b * p.dk_s.batch + j * p.dk_s.row + hk * p.dk_s.head + c;
+  T* dv = static_cast<T*>(p.dv) + b * p.dv_s.batch + j * p.dv_s.row + hk * p.dv_s.head + c;
+  *reinterpret_cast<uint32_t*>(dk) = pack2<T>(sk.x, sk.y);
+  *reinterpret_cast<uint32_t*>(dv) = pack2<T>(sv.x, sv.y);
+}
+
+}  // namespace sm80
+
+template <int kHeadDim, class T>
+void run_bwd(const BwdParams& p, cudaStream_t stream) {
+  using Cfg = typename BwdTiles<kHeadDim>::Cfg;
+  if (p.total_q > 0) {
+    const int64_t threads = p.total_q * p.num_heads * 32;
+    sm80::bwd_preprocess_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "bwd preprocess launch");
+  }
+  if (p.deterministic) {
+    check_cuda(cudaMemsetAsync(p.dq_semaphore, 0,
+                               static_cast<size_t>(p.batch) * p.num_heads * p.num_m_blocks * sizeof(int32_t), stream),
+               "cudaMemsetAsync(dq semaphore)");
+  }
+  auto kernel = sm80::bwd_kernel<Cfg, T>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+             "cudaFuncSetAttribute(bwd)");
+  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads, p.batch);
+  if (grid.x > 0) {
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    check_cuda(cudaGetLastError(), "bwd kernel launch");
+  }
+  const int64_t nq = p.total_q * p.num_heads * (p.head_dim / 2);
+  if (nq > 0) {
+    sm80::bwd_convert_dq_kernel<T><<<static_cast<unsigned>((nq + 255) / 256), 256, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "bwd dq conversion launch");
+  }
+  if (p.num_heads != p.num_heads_kv) {
+    const int64_t nk = p.total_k * p.num_heads_kv * (p.head_dim / 2);
+    if (nk > 0) {
+      sm80::bwd_reduce_kv_kernel<T><<<static_cast<unsigned>((nk + 255) / 256), 256, 0, stream>>>(p);
+      check_cuda(cudaGetLastError(), "bwd dk/dv reduction launch");
+    }
+  }
+}
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,89 @@
+// Shared-memory tiles of kRows x kCols 16-bit elements with an XOR swizzle on 16-byte chunks, so that both the
+// cp.async writes (one chunk per thread) and the ldmatrix reads (8 rows of one logical chunk) are bank-conflict free:
+//   physical chunk = (c & ~7) | ((c ^ row) & 7)
+// The row pitch is rounded up to a multiple of 8 chunks (128 bytes), e.g. head_dim 96 uses a 128-element pitch.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm80/ptx.cuh"
+
+namespace flashkv::cuda::sm80 {
+
+template <int kRows_, int kCols_>
+struct SmemTile {
+  static constexpr int kRows = kRows_;
+  static constexpr int kCols = kCols_;                      ///< logical columns (elements)
+  static constexpr int kChunks = kCols / 8;                 ///< logical 16-byte chunks per row
+  static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;  ///< physical chunks per row
+  static constexpr int kBytes = kRows * kPitchChunks * 16;
+  static_assert(kCols % 16 == 0, "tile columns must be a multiple of 16");
+
+  /// Byte offset of (row, chunk) inside the tile.
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((row * kPitchChunks + ((chunk & ~7) | ((chunk ^ row) & 7))) * 16);
+  }
+  /// Byte offset of element (row, col) (col even; used for 4-byte fragment stores).
+  __device__ __forceinline__ static uint32_t offset_elem(int row, int col) {
+    return offset(row, col >> 3) + static_cast<uint32_t>((col & 7) * 2);
+  }
+};
+
+/// ldmatrix address generator for one operand: lane `lr` supplies row R0 + lr and logical chunk C0 + lc (lc in {0, 1})
+/// for compile-time R0 (multiple of 8) and C0 (even). Because the swizzle only XORs the low 3 chunk bits with the low
+/// 3 row bits, the lane-dependent part is a 4-entry table and every (R0, C0) address is base + constant + table entry,
+/// which keeps unrolled loops from materializing one address register per fragment.
+template <class Tile>
+struct LdsmAddr {
+  uint32_t base;
+  uint32_t tab[4];
+  __device__ __forceinline__ LdsmAddr(uint32_t smem, int lr, int lc) {
+    base = smem + static_cast<uint32_t>(lr * Tile::kPitchChunks * 16);
+    const int x = (lc ^ lr) & 7;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tab[i] = static_cast<uint32_t>(((2 * i) ^ x) * 16);
+  }
+  __device__ __forceinline__ uint32_t operator()(int r0, int c0) const {
+    return base + static_cast<uint32_t>(r0 * Tile::kPitchChunks * 16 + (c0 & ~7) * 16) + tab[(c0 & 7) >> 1];
+  }
+};
+
+/// Copies rows [row0, row0 + Tile::kRows) of a strided global matrix into a tile with cp.async. Row r is valid when
+/// row0 + r < num_rows; chunk c is valid when 8c < num_cols; invalid chunks are zero-filled (so padded rows/columns
+/// contribute exactly 0). `row_ptr(r)` returns the global address of row row0 + r (only called for valid rows).
+template <class Tile, int kThreads, class RowPtr>
+__device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_ptr, int valid_rows, int num_cols,
+                                                const void* any_valid_ptr) {
+  constexpr int kTotal = Tile::kRows * Tile::kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
+  if constexpr (kThreads % Tile::kChunks == 0) {
+    // Every thread keeps one chunk column; rows advance by a constant, so the swizzled offset is loop-invariant.
+    constexpr int kRowStep = kThreads / Tile::kChunks;
+    const int c = static_cast<int>(threadIdx.x) % Tile::kChunks;
+    const int r0 = static_cast<int>(threadIdx.x) / Tile::kChunks;
+    const uint32_t dst0 = smem_base + Tile::offset(r0, c);
+    const bool col_ok = c * 8 < num_cols;
+#pragma unroll
+    for (int it = 0; it < kTotal / kThreads; ++it) {
+      const int r = r0 + it * kRowStep;
+      const bool ok = col_ok && r < valid_rows;
+      const void* src = ok ? reinterpret_cast<const char*>(row_ptr(r)) + c * 16 : any_valid_ptr;
+      // kRowStep is a multiple of 8 whenever kChunks <= kThreads / 8, keeping (row & 7) and thus the swizzle fixed.
+      const uint32_t dst = (kRowStep % 8 == 0) ? dst0 + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16)
+                                               : smem_base + Tile::offset(r, c);
+      cp_async_16(dst, src, ok);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kTotal / kThreads; ++it) {
+      const int i = it * kThreads + static_cast<int>(threadIdx.x);
+      const int r = i / Tile::kChunks;
+      const int c = i % Tile::kChunks;
+      const bool ok = r < valid_rows && c * 8 < num_cols;
+      const void* src = ok ? reinterpret_cast<const char*>(row_ptr(r)) + c * 16 : any_valid_ptr;
+      cp_async_16(smem_base + Tile::offset(r, c), src, ok);
+    }
+  }
+}
+
+}  // namespace flashkv::cuda::sm80

@@ -1,0 +1,54 @@
+// Layout helpers of the CUDA backend: copies between a caller's strided tensor and a contiguous, head_dim-padded
+// workspace (used when head_dim is not a multiple of 8 or a stride/pointer is not 16-byte aligned, so that the
+// kernels can use 16-byte cp.async loads), and a device guard.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda/params.hpp"
+
+namespace flashkv::cuda {
+
+/// dst[b, r, h, c] (contiguous, dim_pad columns) = src[b, r, h, c] for c < dim, 0 for dim <= c < dim_pad.
+/// 16-bit elements. For packed varlen tensors pass batch = 1 and rows = total rows.
+void pad_copy(const void* src, const TensorStrides& src_s, void* dst, int64_t batch, int64_t rows, int64_t heads,
+              int64_t dim, int64_t dim_pad, cudaStream_t stream);
+/// dst[b, r, h, c] (strided) = src[b, r, h, c] (contiguous, dim_pad columns) for c < dim.
+void unpad_copy(const void* src, void* dst, const TensorStrides& dst_s, int64_t batch, int64_t rows, int64_t heads,
+                int64_t dim, int64_t dim_pad, cudaStream_t stream);
+
+/// Makes `device` current for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+/// Stream-ordered device allocation released when the owner goes out of scope (cudaMallocAsync/cudaFreeAsync).
+class DeviceBuffer {
+ public:
+  DeviceBuffer(size_t bytes, cudaStream_t stream);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  template <class U>
+  U* as() const { return static_cast<U*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+/// Number of SMs of the current device (cached per device).
+int num_sms();
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,89 @@
+// Layout helper kernels (see util.hpp).
+#include <cstdint>
+
+#include "cuda/check.hpp"
+#include "cuda/util.hpp"
+
+namespace flashkv::cuda {
+namespace {
+
+__global__ void pad_copy_kernel(const uint16_t* __restrict__ src, TensorStrides s, uint16_t* __restrict__ dst,
+                                int64_t rows, int64_t heads, int64_t dim, int64_t dim_pad, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % dim_pad;
+    const int64_t h = (i / dim_pad) % heads;
+    const int64_t r = (i / (dim_pad * heads)) % rows;
+    const int64_t b = i / (dim_pad * heads * rows);
+    dst[i] = c < dim ? src[b * s.batch + r * s.row + h * s.head + c] : uint16_t(0);
+  }
+}
+
+__global__ void unpad_copy_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst, TensorStrides s,
+                                  int64_t rows, int64_t heads, int64_t dim, int64_t dim_pad, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % dim;
+    const int64_t h = (i / dim) % heads;
+    const int64_t r = (i / (dim * heads)) % rows;
+    const int64_t b = i / (dim * heads * rows);
+    dst[b * s.batch + r * s.row + h * s.head + c] = src[((b * rows + r) * heads + h) * dim_pad + c];
+  }
+}
+
+int grid_for(int64_t total) {
+  const int64_t blocks = (total + 255) / 256;
+  return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+}  // namespace
+
+void pad_copy(const void* src, const TensorStrides& src_s, void* dst, int64_t batch, int64_t rows, int64_t heads,
+              int64_t dim, int64_t dim_pad, cudaStream_t stream) {
+  const int64_t total = batch * rows * heads * dim_pad;
+  if (total == 0) return;
+  pad_copy_kernel<<<grid_for(total), 256, 0, stream>>>(static_cast<const uint16_t*>(src), src_s,
+                                                       static_cast<uint16_t*>(dst), rows, heads, dim, dim_pad, total);
+  check_cuda(cudaGetLastError(), "pad_copy launch");
+}
+
+void unpad_copy(const void* src, void* dst, const TensorStrides& dst_s, int64_t batch, int64_t rows, int64_t heads,
+                int64_t dim, int64_t dim_pad, cudaStream_t stream) {
+  const int64_t total = batch * rows * heads * dim;
+  if (total == 0) return;
+  unpad_copy_kernel<<<grid_for(total), 256, 0, stream>>>(static_cast<const uint16_t*>(src),
+                                                         static_cast<uint16_t*>(dst), dst_s, rows, heads, dim,
+                                                         dim_pad, total);
+  check_cuda(cudaGetLastError(), "unpad_copy launch");
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device) {
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    changed_ = true;
+  }
+}
+DeviceGuard::~DeviceGuard() {
+  if (changed_) cudaSetDevice(previous_);
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
+  if (bytes > 0) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync(workspace)");
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+}
+
+int num_sms() {
+  static int cached[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SMs)");
+  if (dev < 64) cached[dev] = n;
+  return n;
+}
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,98 @@
+// Helpers shared by the CUDA backend tests: device buffers, seeded random 16-bit tensors, the "no device -> exit 77"
+// main, and error measurement.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "core/float16.hpp"
+#include "flashkv/types.hpp"
+
+namespace flashkv::cudatest {
+
+/// Seed for this process: FLASHKV_TEST_SEED or a fresh random one (printed by main()).
+uint64_t test_seed();
+
+inline void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
+    std::abort();
+  }
+}
+
+/// Device memory of `bytes` bytes, freed on destruction.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n) : bytes(n) {
+    if (n) cuda_ok(cudaMalloc(&p, n), "cudaMalloc");
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <class U>
+  void upload(const std::vector<U>& h) {
+    cuda_ok(cudaMemcpy(p, h.data(), h.size() * sizeof(U), cudaMemcpyHostToDevice), "upload");
+  }
+  template <class U>
+  std::vector<U> download(size_t count) const {
+    std::vector<U> h(count);
+    cuda_ok(cudaDeviceSynchronize(), "kernel");
+    cuda_ok(cudaMemcpy(h.data(), p, count * sizeof(U), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+  /// Fills with a byte pattern (poison) so that unwritten outputs are detected.
+  void poison() { cuda_ok(cudaMemset(p, 0x7f, bytes), "poison"); }
+};
+
+inline uint16_t to_bits(float f, DType t) { return t == DType::bfloat16 ? float_to_bf16(f) : float_to_fp16(f); }
+inline float from_bits(uint16_t b, DType t) { return t == DType::bfloat16 ? bf16_to_float(b) : fp16_to_float(b); }
+inline float round_to(float f, DType t) { return from_bits(to_bits(f, t), t); }
+
+/// n random N(0, scale^2) values rounded to dtype: bits for the device, the exact rounded values for the reference.
+struct HostTensor {
+  std::vector<uint16_t> bits;
+  std::vector<double> val;
+};
+inline HostTensor random_tensor(size_t n, DType t, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> dist(0.0, scale);
+  HostTensor h;
+  h.bits.resize(n);
+  h.val.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    h.bits[i] = to_bits(static_cast<float>(dist(rng)), t);
+    h.val[i] = from_bits(h.bits[i], t);
+  }
+  return h;
+}
+inline std::vector<double> decode(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<double> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = from_bits(bits[i], t);
+  return v;
+}
+
+/// max |a - b| over all elements; NaN anywhere -> +inf.
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = d > m ? d : m;
+  }
+  return m;
+}
+
+inline TensorView dev_view(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(b.p, t, shape, Device::cuda, 0);
+}
+
+}  // namespace flashkv::cudatest

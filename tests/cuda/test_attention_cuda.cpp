@@ -1,0 +1,418 @@
+// CUDA forward/backward vs the float64 reference (tolerance: 2x / 3x the naive same-precision error), on the
+// foundation's grid: head dims incl. 59 and 111 (padded), seqlen pairs (1,1), (113,203), (203,113), (1023,1024),
+// (2048,2048), causal, sliding window, softcap, MHA/GQA/MQA, varlen with empty sequences, strided (padded-copy) inputs,
+// deterministic backward (bit-identical), and the typed errors. FLASHKV_FULL_TESTS=1 runs the full cross product.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attention_reference.hpp"
+#include "core/validate.hpp"
+#include "cuda/attention_cuda.hpp"
+#include "cuda_test_util.hpp"
+#include "flashkv/attention.hpp"
+#include "flashkv/error.hpp"
+
+namespace flashkv::cudatest {
+namespace {
+
+bool full_tests() { return std::getenv("FLASHKV_FULL_TESTS") != nullptr; }
+
+struct Case {
+  DType dtype = DType::bfloat16;
+  int batch = 2, heads = 4, heads_kv = 4, head_dim = 64;
+  int seqlen_q = 113, seqlen_k = 203;
+  int window_left = -1, window_right = -1;
+  bool causal = false;
+  float softcap = 0;
+  std::vector<int> varlen_q, varlen_k;  ///< per-sequence lengths (non-empty => varlen)
+  bool strided = false;                 ///< q/k/v/out views with a padded head stride (padded-copy path)
+  bool deterministic = true;
+  std::string name() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s d=%d b=%d h=%d/%d sq=%d sk=%d win=(%d,%d) causal=%d softcap=%g%s%s",
+                  dtype_name(dtype), head_dim, batch, heads, heads_kv, seqlen_q, seqlen_k, window_left,
+                  window_right, causal, softcap, varlen_q.empty() ? "" : " varlen", strided ? " strided" : "");
+    return buf;
+  }
+};
+
+struct CaseData {
+  RefProblem ref;
+  HostTensor q, k, v;
+  int64_t pitch;  // elements between heads (head_dim, or head_dim + 3 when strided)
+};
+
+RoundFn rounder(DType t) {
+  return [t](double x) { return static_cast<double>(round_to(static_cast<float>(x), t)); };
+}
+RoundFn identity() {
+  return [](double x) { return x; };
+}
+
+/// Tensor with `rows` x heads x head_dim logical elements stored with head pitch `pitch`.
+HostTensor random_pitched(int64_t rows, int heads, int d, int64_t pitch, DType t, std::mt19937_64& rng) {
+  HostTensor dense = random_tensor(static_cast<size_t>(rows) * heads * d, t, rng);
+  if (pitch == d) return dense;
+  HostTensor out;
+  out.bits.assign(static_cast<size_t>(rows) * heads * pitch, to_bits(NAN, t));
+  out.val = dense.val;
+  for (int64_t i = 0; i < rows * heads; ++i)
+    for (int c = 0; c < d; ++c) out.bits[i * pitch + c] = dense.bits[i * d + c];
+  return out;
+}
+std::vector<double> unpitch(const std::vector<uint16_t>& bits, int64_t rows, int heads, int d, int64_t pitch,
+                            DType t) {
+  std::vector<double> v(static_cast<size_t>(rows) * heads * d);
+  for (int64_t i = 0; i < rows * heads; ++i)
+    for (int c = 0; c < d; ++c) v[i * d + c] = from_bits(bits[i * pitch + c], t);
+  return v;
+}
+
+/// View of a [rows..., heads, d] tensor with head pitch `pitch` (fixed: [B, S, H, d]; varlen: [total, H, d]).
+TensorView view(void* data, DType t, bool varlen, int64_t b, int64_t s, int64_t h, int64_t d, int64_t pitch) {
+  TensorView v;
+  v.data = data;
+  v.dtype = t;
+  v.device = Device::cuda;
+  if (varlen) {
+    v.ndim = 3;
+    v.shape[0] = s, v.shape[1] = h, v.shape[2] = d;
+    v.strides[0] = h * pitch, v.strides[1] = pitch, v.strides[2] = 1;
+  } else {
+    v.ndim = 4;
+    v.shape[0] = b, v.shape[1] = s, v.shape[2] = h, v.shape[3] = d;
+    v.strides[0] = s * h * pitch, v.strides[1] = h * pitch, v.strides[2] = pitch, v.strides[3] = 1;
+  }
+  return v;
+}
+
+CaseData make_run(const Case& c, std::mt19937_64& rng) {
+  CaseData r;
+  RefProblem& p = r.ref;
+  const bool varlen = !c.varlen_q.empty();
+  p.batch = varlen ? static_cast<int>(c.varlen_q.size()) : c.batch;
+  p.num_heads = c.heads, p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim;
+  p.cu_q = {0}, p.cu_k = {0};
+  for (int b = 0; b < p.batch; ++b) {
+    p.cu_q.push_back(p.cu_q.back() + (varlen ? c.varlen_q[b] : c.seqlen_q));
+    p.cu_k.push_back(p.cu_k.back() + (varlen ? c.varlen_k[b] : c.seqlen_k));
+  }
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  p.window_left = c.window_left;
+  p.window_right = c.causal ? 0 : c.window_right;
+  p.softcap = c.softcap;
+  r.pitch = c.strided ? c.head_dim + 3 : c.head_dim;
+  r.q = random_pitched(p.total_q(), c.heads, c.head_dim, r.pitch, c.dtype, rng);
+  r.k = random_pitched(p.total_k(), c.heads_kv, c.head_dim, r.pitch, c.dtype, rng);
+  r.v = random_pitched(p.total_k(), c.heads_kv, c.head_dim, r.pitch, c.dtype, rng);
+  return r;
+}
+
+AttentionOptions options_of(const Case& c) {
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window_size_left = c.window_left;
+  o.window_size_right = c.window_right;
+  o.softcap = c.softcap;
+  o.deterministic = c.deterministic;
+  return o;
+}
+
+struct DeviceRun {
+  DevBuf q, k, v, out, lse, cu_q, cu_k;
+  TensorView qv, kv, vv, ov, lv, cqv, ckv;
+  DeviceRun(const Case& c, const CaseData& r)
+      : q(r.q.bits.size() * 2), k(r.k.bits.size() * 2), v(r.v.bits.size() * 2),
+        out(static_cast<size_t>(r.ref.total_q()) * c.heads * r.pitch * 2),
+        lse(static_cast<size_t>(r.ref.total_q()) * c.heads * 4), cu_q(r.ref.cu_q.size() * 4),
+        cu_k(r.ref.cu_k.size() * 4) {
+    const bool varlen = !c.varlen_q.empty();
+    q.upload(r.q.bits), k.upload(r.k.bits), v.upload(r.v.bits);
+    cu_q.upload(r.ref.cu_q), cu_k.upload(r.ref.cu_k);
+    out.poison(), lse.poison();
+    const int64_t sq = varlen ? r.ref.total_q() : c.seqlen_q, sk = varlen ? r.ref.total_k() : c.seqlen_k;
+    qv = view(q.p, c.dtype, varlen, r.ref.batch, sq, c.heads, c.head_dim, r.pitch);
+    kv = view(k.p, c.dtype, varlen, r.ref.batch, sk, c.heads_kv, c.head_dim, r.pitch);
+    vv = view(v.p, c.dtype, varlen, r.ref.batch, sk, c.heads_kv, c.head_dim, r.pitch);
+    ov = view(out.p, c.dtype, varlen, r.ref.batch, sq, c.heads, c.head_dim, r.pitch);
+    lv = varlen ? dev_view(lse, DType::float32, {c.heads, r.ref.total_q()})
+                : dev_view(lse, DType::float32, {r.ref.batch, c.heads, c.seqlen_q});
+    cqv = dev_view(cu_q, DType::int32, {r.ref.batch + 1});
+    ckv = dev_view(cu_k, DType::int32, {r.ref.batch + 1});
+  }
+  core::AttentionProblem forward_problem(const Case& c) const {
+    const AttentionOptions o = options_of(c);
+    if (c.varlen_q.empty()) return core::make_forward_problem(qv, kv, vv, ov, &lv, o);
+    int mq = 0, mk = 0;
+    for (int x : c.varlen_q) mq = std::max(mq, x);
+    for (int x : c.varlen_k) mk = std::max(mk, x);
+    return core::make_varlen_forward_problem(qv, kv, vv, cqv, ckv, mq, mk, ov, &lv, o);
+  }
+};
+
+/// lse from the device layout ([B, H, S] or [H, total]) into the reference layout [H, total_q].
+std::vector<double> lse_to_ref(const std::vector<float>& l, const Case& c, const RefProblem& p) {
+  std::vector<double> out(static_cast<size_t>(c.heads) * p.total_q());
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < c.heads; ++h)
+      for (int i = 0; i < p.cu_q[b + 1] - p.cu_q[b]; ++i) {
+        const size_t src = c.varlen_q.empty() ? (static_cast<size_t>(b) * c.heads + h) * c.seqlen_q + i
+                                              : static_cast<size_t>(h) * p.total_q() + p.cu_q[b] + i;
+        out[static_cast<size_t>(h) * p.total_q() + p.cu_q[b] + i] = l[src];
+      }
+  return out;
+}
+double lse_err(const std::vector<double>& a, const std::vector<double>& ref) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(a[i])) {
+      if (a[i] != ref[i]) return INFINITY;
+      continue;
+    }
+    const double d = std::fabs(a[i] - ref[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+/// Runs the forward case; returns false (and records a failure) on a tolerance violation.
+void check_forward(const Case& c) {
+  SCOPED_TRACE(c.name());
+  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name()));
+  const CaseData r = make_run(c, rng);
+  DeviceRun d(c, r);
+  cuda::attention_forward_cuda(d.forward_problem(c), nullptr);
+  const auto out = unpitch(d.out.download<uint16_t>(d.out.bytes / 2), r.ref.total_q(), c.heads, c.head_dim, r.pitch,
+                           c.dtype);
+  const auto lse = lse_to_ref(d.lse.download<float>(d.lse.bytes / 4), c, r.ref);
+  const RefForward ref = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, identity());
+  const RefForward naive = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, rounder(c.dtype));
+  const double err = max_abs_diff(out, ref.out), naive_err = max_abs_diff(naive.out, ref.out);
+  EXPECT_LE(err, 2 * naive_err + 1e-5) << "out: kernel err " << err << " vs naive " << naive_err;
+  const double lerr = lse_err(lse, ref.lse), naive_lerr = lse_err(naive.lse, ref.lse);
+  EXPECT_LE(lerr, 2 * naive_lerr + 1e-4) << "lse: kernel err " << lerr << " vs naive " << naive_lerr;
+}
+
+std::vector<int> head_dims() { return {64, 128, 59, 111, 96, 192, 256}; }
+
+bool compiled(int d, DType t) {
+  try {
+    Case c;
+    c.head_dim = d, c.dtype = t, c.batch = 1, c.heads = c.heads_kv = 1, c.seqlen_q = c.seqlen_k = 1;
+    std::mt19937_64 rng(1);
+    const CaseData r = make_run(c, rng);
+    DeviceRun dr(c, r);
+    cuda::attention_forward_cuda(dr.forward_problem(c), nullptr);
+    return true;
+  } catch (const UnsupportedError& e) {
+    std::printf("  [not compiled] %s\n", e.what());
+    return false;
+  }
+}
+
+TEST(CudaForward, GridVsFloat64Reference) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    for (int d : head_dims()) {
+      if (!compiled(d, t)) continue;
+      struct Shape {
+        int sq, sk, batch, heads;
+      };
+      std::vector<Shape> shapes = {{1, 1, 2, 4}, {113, 203, 2, 4}, {203, 113, 2, 4}};
+      const bool large = full_tests() || d == 64 || d == 128 || d == 59;
+      if (large) shapes.push_back({1023, 1024, 1, 2}), shapes.push_back({2048, 2048, 1, 1});
+      for (const Shape& s : shapes) {
+        for (int variant = 0; variant < 4; ++variant) {
+          if (s.sq >= 1023 && !full_tests() && variant != (s.sq == 1023 ? 2 : 1)) continue;
+          Case c;
+          c.dtype = t, c.head_dim = d, c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = s.batch, c.heads = s.heads;
+          c.heads_kv = s.heads;
+          if (variant == 1) c.causal = true, c.heads_kv = std::max(1, s.heads / 2);               // GQA
+          if (variant == 2) c.window_left = 37, c.window_right = 11, c.heads_kv = 1;              // MQA
+          if (variant == 3) c.softcap = 30.f, c.causal = true;                                   // softcap
+          check_forward(c);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaForward, VarlenWithEmptySequences) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dtype = t, c.causal = causal, c.heads = 4, c.heads_kv = 2, c.head_dim = 64;
+      c.varlen_q = {5, 0, 133, 1, 70};
+      c.varlen_k = {17, 9, 0, 300, 70};
+      check_forward(c);
+      c.head_dim = 111;
+      c.window_left = 20, c.window_right = 3, c.causal = false;
+      check_forward(c);
+    }
+  }
+}
+
+TEST(CudaForward, StridedInputsUsePaddedCopy) {
+  Case c;
+  c.strided = true, c.head_dim = 64, c.causal = true, c.heads = 4, c.heads_kv = 2;
+  check_forward(c);
+  c.dtype = DType::float16, c.softcap = 20.f;
+  check_forward(c);
+}
+
+TEST(CudaForward, TypedErrors) {
+  Case c;
+  std::mt19937_64 rng(3);
+  const CaseData r = make_run(c, rng);
+  DeviceRun d(c, r);
+  // float32 on CUDA
+  {
+    TensorView q = d.qv, k = d.kv, v = d.vv, o = d.ov;
+    q.dtype = k.dtype = v.dtype = o.dtype = DType::float32;
+    const auto pr = core::make_forward_problem(q, k, v, o, nullptr, {});
+    EXPECT_THROW(cuda::attention_forward_cuda(pr, nullptr), UnsupportedError);
+  }
+  // naive algorithm on CUDA
+  {
+    AttentionOptions o;
+    o.algorithm = Algorithm::naive;
+    const auto pr = core::make_forward_problem(d.qv, d.kv, d.vv, d.ov, nullptr, o);
+    try {
+      cuda::attention_forward_cuda(pr, nullptr);
+      ADD_FAILURE() << "expected UnsupportedError";
+    } catch (const UnsupportedError& e) {
+      EXPECT_NE(std::string(e.what()).find("naive"), std::string::npos) << e.what();
+    }
+  }
+  // head_dim_v != head_dim
+  {
+    TensorView v = d.vv, o = d.ov;
+    v.shape[3] = 32, o.shape[3] = 32;
+    const auto pr = core::make_forward_problem(d.qv, d.kv, v, o, nullptr, {});
+    EXPECT_THROW(cuda::attention_forward_cuda(pr, nullptr), UnsupportedError);
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------------------------------
+
+struct BwdResult {
+  std::vector<uint16_t> dq, dk, dv;
+};
+
+BwdResult run_backward(const Case& c, const CaseData& r, DeviceRun& d, const HostTensor& dout) {
+  DevBuf dO(dout.bits.size() * 2), dq(d.q.bytes), dk(d.k.bytes), dv(d.v.bytes);
+  dO.upload(dout.bits);
+  dq.poison(), dk.poison(), dv.poison();
+  const bool varlen = !c.varlen_q.empty();
+  const int64_t sq = varlen ? r.ref.total_q() : c.seqlen_q, sk = varlen ? r.ref.total_k() : c.seqlen_k;
+  const TensorView dov = view(dO.p, c.dtype, varlen, r.ref.batch, sq, c.heads, c.head_dim, r.pitch);
+  const TensorView dqv = view(dq.p, c.dtype, varlen, r.ref.batch, sq, c.heads, c.head_dim, r.pitch);
+  const TensorView dkv = view(dk.p, c.dtype, varlen, r.ref.batch, sk, c.heads_kv, c.head_dim, r.pitch);
+  const TensorView dvv = view(dv.p, c.dtype, varlen, r.ref.batch, sk, c.heads_kv, c.head_dim, r.pitch);
+  const AttentionOptions o = options_of(c);
+  core::AttentionProblem pr;
+  if (!varlen) {
+    pr = core::make_backward_problem(d.qv, d.kv, d.vv, d.ov, d.lv, dov, dqv, dkv, dvv, o);
+  } else {
+    int mq = 0, mk = 0;
+    for (int x : c.varlen_q) mq = std::max(mq, x);
+    for (int x : c.varlen_k) mk = std::max(mk, x);
+    pr = core::make_varlen_backward_problem(d.qv, d.kv, d.vv, d.cqv, d.ckv, mq, mk, d.ov, d.lv, dov, dqv, dkv, dvv,
+                                            o);
+  }
+  cuda::attention_backward_cuda(pr, nullptr);
+  return {dq.download<uint16_t>(dq.bytes / 2), dk.download<uint16_t>(dk.bytes / 2),
+          dv.download<uint16_t>(dv.bytes / 2)};
+}
+
+void check_backward(const Case& c) {
+  SCOPED_TRACE(c.name());
+  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name() + "bwd"));
+  const CaseData r = make_run(c, rng);
+  DeviceRun d(c, r);
+  cuda::attention_forward_cuda(d.forward_problem(c), nullptr);
+  const HostTensor dout = random_pitched(r.ref.total_q(), c.heads, c.head_dim, r.pitch, c.dtype, rng);
+  const BwdResult g = run_backward(c, r, d, dout);
+  const RefGrads ref = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, identity());
+  const RefGrads naive = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, rounder(c.dtype));
+  const int tq = r.ref.total_q(), tk = r.ref.total_k();
+  const struct {
+    const char* name;
+    std::vector<double> got;
+    const std::vector<double>& ref;
+    const std::vector<double>& naive;
+  } grads[] = {{"dq", unpitch(g.dq, tq, c.heads, c.head_dim, r.pitch, c.dtype), ref.dq, naive.dq},
+               {"dk", unpitch(g.dk, tk, c.heads_kv, c.head_dim, r.pitch, c.dtype), ref.dk, naive.dk},
+               {"dv", unpitch(g.dv, tk, c.heads_kv, c.head_dim, r.pitch, c.dtype), ref.dv, naive.dv}};
+  for (const auto& x : grads) {
+    const double err = max_abs_diff(x.got, x.ref), naive_err = max_abs_diff(x.naive, x.ref);
+    EXPECT_LE(err, 3 * naive_err + 1e-4) << x.name << ": kernel err " << err << " vs naive " << naive_err;
+  }
+}
+
+TEST(CudaBackward, GridVsFloat64Reference) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    for (int d : head_dims()) {
+      if (!compiled(d, t)) continue;
+      struct Shape {
+        int sq, sk;
+      };
+      const std::vector<Shape> shapes = {{1, 1}, {113, 203}, {203, 113}, {257, 130}};
+      for (const Shape& s : shapes) {
+        for (int variant = 0; variant < 4; ++variant) {
+          if (!full_tests() && d != 64 && d != 128 && variant != (s.sq % 4)) continue;
+          Case c;
+          c.dtype = t, c.head_dim = d, c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads = 4;
+          c.heads_kv = 4;
+          if (variant == 1) c.causal = true, c.heads_kv = 2;
+          if (variant == 2) c.window_left = 37, c.window_right = 11, c.heads_kv = 1, c.deterministic = false;
+          if (variant == 3) c.softcap = 30.f, c.causal = true;
+          check_backward(c);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaBackward, VarlenAndStrided) {
+  Case c;
+  c.heads = 4, c.heads_kv = 2, c.head_dim = 64, c.causal = true;
+  c.varlen_q = {5, 0, 133, 1, 70};
+  c.varlen_k = {17, 9, 0, 300, 70};
+  check_backward(c);
+  Case s;
+  s.strided = true, s.head_dim = 59, s.window_left = 40, s.window_right = 40;
+  check_backward(s);
+}
+
+TEST(CudaBackward, DeterministicIsBitIdentical) {
+  for (bool causal : {false, true}) {
+    Case c;
+    c.batch = 2, c.heads = 8, c.heads_kv = 2, c.head_dim = 128, c.seqlen_q = 1024 + 17, c.seqlen_k = 1024 + 17;
+    c.causal = causal;
+    SCOPED_TRACE(c.name());
+    std::mt19937_64 rng(test_seed() + 7);
+    const CaseData r = make_run(c, rng);
+    DeviceRun d(c, r);
+    cuda::attention_forward_cuda(d.forward_problem(c), nullptr);
+    const HostTensor dout = random_pitched(r.ref.total_q(), c.heads, c.head_dim, r.pitch, c.dtype, rng);
+    const BwdResult a = run_backward(c, r, d, dout);
+    const BwdResult b = run_backward(c, r, d, dout);
+    EXPECT_TRUE(a.dq == b.dq) << "dq differs between two deterministic runs";
+    EXPECT_TRUE(a.dk == b.dk) << "dk differs between two deterministic runs";
+    EXPECT_TRUE(a.dv == b.dv) << "dv differs between two deterministic runs";
+    Case nd = c;
+    nd.deterministic = false;
+    const BwdResult x = run_backward(nd, r, d, dout);
+    const double e = max_abs_diff(decode(x.dq, c.dtype), decode(a.dq, c.dtype));
+    EXPECT_LE(e, 2e-2) << "atomic vs deterministic dq differ by more than rounding";
+  }
+}
+
+}  // namespace
+}  // namespace flashkv::cudatest
