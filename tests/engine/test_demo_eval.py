@@ -1,0 +1,153 @@
+"""End to end on the shipped model: `flashkv demo` and `flashkv eval` with assertions on the numbers that must hold:
+the fp32 cache against itself gives KL = 0 exactly and top-1 = 100%; averaged over several seeds
+KL(int8) < KL(int4) < KL(int2); bf16 is closer than int4; outputs (table, JSON, SVG) are written; errors exit 2."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+CLI = os.environ.get("FLASHKV_CLI", "flashkv")
+MODELS = os.environ.get("FLASHKV_MODELS_DIR",
+                        os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
+MODEL = os.path.join(MODELS, "aidreams260K.bin")
+TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
+SEEDS = [int(os.environ.get("FLASHKV_TEST_SEED", "11")) + i for i in range(3)]
+print("seeds", SEEDS)
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ, FLASHKV_MODELS_DIR=MODELS)
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "demo.json"
+    t0 = time.time()
+    p = run_cli("demo", "--json", str(out))
+    elapsed = time.time() - t0
+    assert p.returncode == 0, p.stderr
+    return p.stdout, json.loads(out.read_text()), elapsed
+
+
+def test_demo_table_and_texts(demo):
+    stdout, j, elapsed = demo
+    assert elapsed < 60
+    labels = [f["label"] for f in j["formats"]]
+    assert labels[:5] == ["fp32", "bf16", "fp8_e4m3", "int8", "int4"]
+    assert labels[5].startswith("int4_kivi") and labels[6].startswith("int2_kivi") and "r32" in labels[6]
+    for l in labels:
+        assert "| " + l in stdout
+    for col in ["bytes/token", "eff. bits", "decode tok/s", "mean KL", "top-1", "greedy div"]:
+        assert col in stdout
+    assert stdout.count("Echoes of vectors unfold") >= 2
+
+
+def test_demo_fp32_against_itself_is_exact(demo):
+    fp32 = demo[1]["formats"][0]
+    assert fp32["mean_kl"] == 0.0 and fp32["max_kl"] == 0.0
+    assert fp32["top1"] == 1.0
+    assert fp32["greedy_divergence"] == -1
+    assert fp32["delta_ll"] == 0.0
+    assert fp32["effective_bits"] == 32.0
+
+
+def test_demo_quality_ordering_and_bytes(demo):
+    f = {x["label"].split()[0]: x for x in demo[1]["formats"]}
+    assert 0 < f["bf16"]["mean_kl"] < f["int4"]["mean_kl"]
+    assert f["int8"]["mean_kl"] < f["int4"]["mean_kl"]
+    assert f["bf16"]["bytes_per_token"] == f["fp32"]["bytes_per_token"] / 2
+    assert f["int4"]["bytes_per_token"] < f["int8"]["bytes_per_token"] < f["bf16"]["bytes_per_token"]
+    for x in demo[1]["formats"]:
+        assert x["decode_tok_s"] > 0
+        assert x["greedy_text"].startswith('"Echoes')
+
+
+@pytest.fixture(scope="module")
+def eval_runs(tmp_path_factory):
+    runs = []
+    d = tmp_path_factory.mktemp("eval")
+    for s in SEEDS:
+        out = d / f"eval{s}.json"
+        plot = d / f"eval{s}.svg"
+        p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "fp32", "int8", "int4", "int2_kivi_g16",
+                    "--samples", "4", "--seed", str(s), "--json", str(out), "--plot", str(plot), "--no-progress")
+        assert p.returncode == 0, p.stderr
+        runs.append((p.stdout, json.loads(out.read_text()), plot.read_text()))
+    return runs
+
+
+def test_eval_fp32_self_and_kl_ordering_over_seeds(eval_runs):
+    kl = {"int8": 0.0, "int4": 0.0, "int2_kivi_g16": 0.0}
+    for _, j, _ in eval_runs:
+        rows = {r["label"]: r for r in j["formats"]}
+        assert rows["fp32"]["mean_kl"] == 0.0 and rows["fp32"]["top1"] == 1.0
+        assert rows["fp32"]["diverged"] == 0
+        assert j["sequences"] == 4 and rows["int8"]["positions"] == 4 * 128
+        for k in kl:
+            kl[k] += rows[k]["mean_kl"] / len(eval_runs)
+    print("mean KL over seeds", kl)
+    assert 0 < kl["int8"] < kl["int4"] < kl["int2_kivi_g16"]
+
+
+def test_eval_outputs(eval_runs):
+    stdout, j, svg = eval_runs[0]
+    assert "| int2_kivi_g16" in stdout and "mean KL" in stdout
+    assert svg.startswith("<svg") and "int4" in svg and svg.rstrip().endswith("</svg>")
+    assert all("effective_bits" in r and "ppl_ratio" in r for r in j["formats"])
+
+
+def test_eval_text_and_token_files(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("Echoes of vectors unfold, a gentle hum of precision, as I sense the nodes. " * 6)
+    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "fp32", "int4", "--text", str(text),
+                "--json", "-", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout[p.stdout.index("{"):p.stdout.rindex("}") + 1])
+    assert j["formats"][0]["mean_kl"] == 0.0 and j["sequences"] >= 2  # > 127 tokens → two chunks
+    toks = tmp_path / "t.tok"
+    toks.write_text("1 300 301 302 303\n\n1 400 401\n")
+    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "int8", "--tokens", str(toks), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "| int8" in p.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--kv-cache", "int5"], "kv_cache_dtype"),
+    (["--kv-cache", "int4+q9"], "kv-cache"),
+    (["--samples", "0"], "samples"),
+    (["--length", "500"], "length"),
+    (["--tokens", "/nonexistent.tok"], "nonexistent"),
+])
+def test_eval_errors_exit_2(args, needle):
+    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--no-progress", *args)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+def test_eval_bad_token_id_and_missing_model(tmp_path):
+    toks = tmp_path / "bad.tok"
+    toks.write_text("1 2 9999\n")
+    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--tokens", str(toks), "--no-progress")
+    assert p.returncode == 2 and "9999" in p.stderr
+    p = run_cli("eval", "--kv-cache", "int8")
+    assert p.returncode == 2 and "model" in p.stderr
+    p = run_cli("demo", "--model", "/nonexistent.bin")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_convert_errors_and_types(tmp_path):
+    for t in ["f16", "bf16", "q8_0"]:
+        out = tmp_path / f"m.{t}.gguf"
+        p = run_cli("convert", "--model", MODEL, "--tokenizer", TOK, "--type", t, "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        g = run_cli("generate", "--model", str(out), "--temperature", "0", "--steps", "16", "--json")
+        assert g.returncode == 0, g.stderr
+        assert json.loads(g.stdout)["text"].startswith('"Echoes')
+    p = run_cli("convert", "--model", MODEL, "--tokenizer", TOK, "--type", "q4_0", "-o", str(tmp_path / "x"))
+    assert p.returncode == 2 and "type" in p.stderr
+    p = run_cli("convert", "--model", MODEL, "-o", str(tmp_path / "x"))
+    assert p.returncode == 2 and "tokenizer" in p.stderr

@@ -1,0 +1,282 @@
+// Engine forward pass vs an independent float64 reference of the Llama architecture (written here from the
+// definition, explicit causal loop) on random GQA models; prefill vs decode vs batched decode; errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "flashkv/error.hpp"
+#include "flashkv/kvcache.hpp"
+#include "test_util.hpp"
+
+using namespace flashkv;
+using namespace flashkv::test;
+
+namespace {
+
+/// A random Llama model with owned weights (std-normal · scale).
+Model random_model(const ModelConfig& c, uint64_t seed) {
+  Model m;
+  m.config = c;
+  m.path = "<random>";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto make = [&](std::size_t n, float scale, float offset = 0.0f) {
+    std::unique_ptr<float[]> p(new float[n]);
+    for (std::size_t i = 0; i < n; ++i) p[i] = offset + scale * nd(rng);
+    m.owned.push_back(std::move(p));
+    return m.owned.back().get();
+  };
+  const std::size_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(), Q = c.num_heads * c.head_dim;
+  m.token_embedding = make(V * D, 1.0f);
+  m.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (auto& L : m.layers) {
+    L.attn_norm = make(D, 0.1f, 1.0f);
+    L.wq = make(Q * D, 1.0f / std::sqrt(static_cast<float>(D)));
+    L.wk = make(KV * D, 1.0f / std::sqrt(static_cast<float>(D)));
+    L.wv = make(KV * D, 1.0f / std::sqrt(static_cast<float>(D)));
+    L.wo = make(D * Q, 1.0f / std::sqrt(static_cast<float>(Q)));
+    L.ffn_norm = make(D, 0.1f, 1.0f);
+    L.w1 = make(H * D, 1.0f / std::sqrt(static_cast<float>(D)));
+    L.w2 = make(D * H, 1.0f / std::sqrt(static_cast<float>(H)));
+    L.w3 = make(H * D, 1.0f / std::sqrt(static_cast<float>(D)));
+  }
+  m.final_norm = make(D, 0.1f, 1.0f);
+  m.classifier = c.shared_classifier ? m.token_embedding : make(V * D, 1.0f);
+  return m;
+}
+
+ModelConfig small_gqa() {
+  ModelConfig c;
+  c.dim = 64; c.hidden_dim = 48; c.n_layers = 2; c.num_heads = 4; c.num_heads_kv = 2; c.vocab_size = 50;
+  c.seq_len = 40; c.head_dim = 16; c.shared_classifier = false; c.rope_theta = 10000.0f;
+  return c;
+}
+
+/// float64 reference: logits [T, vocab] for tokens at positions 0..T-1 (full causal recomputation).
+std::vector<double> reference_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  const ModelConfig& c = m.config;
+  const int T = static_cast<int>(tokens.size()), D = c.dim, hd = c.head_dim, Hq = c.num_heads, Hk = c.num_heads_kv;
+  const int Qd = Hq * hd, KVd = Hk * hd;
+  std::vector<double> x(static_cast<std::size_t>(T) * D);
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < D; ++i) x[t * D + i] = m.token_embedding[static_cast<std::size_t>(tokens[t]) * D + i];
+  auto norm = [&](const double* in, const float* w, double* out) {
+    double ss = 0;
+    for (int i = 0; i < D; ++i) ss += in[i] * in[i];
+    const double r = 1.0 / std::sqrt(ss / D + c.norm_eps);
+    for (int i = 0; i < D; ++i) out[i] = w[i] * in[i] * r;
+  };
+  auto mv = [](const float* w, const double* in, int out_n, int in_n, double* out) {
+    for (int o = 0; o < out_n; ++o) {
+      double s = 0;
+      for (int i = 0; i < in_n; ++i) s += static_cast<double>(w[static_cast<std::size_t>(o) * in_n + i]) * in[i];
+      out[o] = s;
+    }
+  };
+  auto rope = [&](double* v, int heads, int pos) {
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const double ang = pos * std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
+        double& a = v[h * hd + 2 * i];
+        double& b = v[h * hd + 2 * i + 1];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(ang) - b0 * std::sin(ang);
+        b = a0 * std::sin(ang) + b0 * std::cos(ang);
+      }
+  };
+  std::vector<double> xb(D), q(static_cast<std::size_t>(T) * Qd), k(static_cast<std::size_t>(T) * KVd),
+      v(static_cast<std::size_t>(T) * KVd), att(Qd), o(D), h1(c.hidden_dim), h3(c.hidden_dim);
+  for (const auto& L : m.layers) {
+    for (int t = 0; t < T; ++t) {
+      norm(&x[t * D], L.attn_norm, xb.data());
+      mv(L.wq, xb.data(), Qd, D, &q[static_cast<std::size_t>(t) * Qd]);
+      mv(L.wk, xb.data(), KVd, D, &k[static_cast<std::size_t>(t) * KVd]);
+      mv(L.wv, xb.data(), KVd, D, &v[static_cast<std::size_t>(t) * KVd]);
+      rope(&q[static_cast<std::size_t>(t) * Qd], Hq, t);
+      rope(&k[static_cast<std::size_t>(t) * KVd], Hk, t);
+    }
+    std::vector<double> xn = x;
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < Hq; ++h) {
+        const int kh = h / (Hq / Hk);
+        std::vector<double> s(static_cast<std::size_t>(T), -INFINITY);
+        double mx = -INFINITY;
+        for (int j = 0; j < T; ++j) {
+          if (j > t) continue;  // explicit causal mask
+          double d = 0;
+          for (int i = 0; i < hd; ++i) d += q[static_cast<std::size_t>(t) * Qd + h * hd + i] * k[static_cast<std::size_t>(j) * KVd + kh * hd + i];
+          s[j] = d / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[j] - mx);
+        for (int i = 0; i < hd; ++i) {
+          double acc = 0;
+          for (int j = 0; j <= t; ++j) acc += std::exp(s[j] - mx) / sum * v[static_cast<std::size_t>(j) * KVd + kh * hd + i];
+          att[h * hd + i] = acc;
+        }
+      }
+      mv(L.wo, att.data(), D, Qd, o.data());
+      for (int i = 0; i < D; ++i) xn[t * D + i] += o[i];
+    }
+    x = xn;
+    for (int t = 0; t < T; ++t) {
+      norm(&x[t * D], L.ffn_norm, xb.data());
+      mv(L.w1, xb.data(), c.hidden_dim, D, h1.data());
+      mv(L.w3, xb.data(), c.hidden_dim, D, h3.data());
+      for (int i = 0; i < c.hidden_dim; ++i) h1[i] = h1[i] / (1.0 + std::exp(-h1[i])) * h3[i];
+      mv(L.w2, h1.data(), D, c.hidden_dim, o.data());
+      for (int i = 0; i < D; ++i) x[t * D + i] += o[i];
+    }
+  }
+  std::vector<double> logits(static_cast<std::size_t>(T) * c.vocab_size);
+  for (int t = 0; t < T; ++t) {
+    norm(&x[t * D], m.final_norm, xb.data());
+    mv(m.classifier, xb.data(), c.vocab_size, D, &logits[static_cast<std::size_t>(t) * c.vocab_size]);
+  }
+  return logits;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
+  return e;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  return t;
+}
+
+}  // namespace
+
+TEST(Engine, PrefillMatchesFloat64ReferenceGqa) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed());
+  const auto tokens = random_tokens(29, c.vocab_size, test_seed() + 1);
+  const auto ref = reference_logits(m, tokens);
+  Engine e(m, KVCacheSpec{}, 1);
+  const int32_t s = e.add_sequence();
+  std::vector<float> logits(tokens.size() * c.vocab_size);
+  e.prefill(s, tokens, logits, true);
+  EXPECT_LT(max_abs_diff(logits, ref), 2e-4);
+  EXPECT_EQ(e.length(s), 29);
+}
+
+TEST(Engine, DecodeThroughFp32CacheMatchesReferenceAndBatchingIsInvisible) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 7);
+  const int n = 3, T = 33;
+  std::vector<std::vector<int32_t>> toks;
+  for (int b = 0; b < n; ++b) toks.push_back(random_tokens(T, c.vocab_size, test_seed() + 100 + b));
+  Engine batched(m, KVCacheSpec{}, n);
+  std::vector<int32_t> ids;
+  for (int b = 0; b < n; ++b) ids.push_back(batched.add_sequence());
+  std::vector<std::vector<float>> got(n);
+  std::vector<float> logits(static_cast<std::size_t>(n) * c.vocab_size);
+  for (int t = 0; t < T; ++t) {
+    std::vector<int32_t> step;
+    for (int b = 0; b < n; ++b) step.push_back(toks[b][t]);
+    batched.decode(ids, step, logits);
+    for (int b = 0; b < n; ++b)
+      got[b].insert(got[b].end(), logits.begin() + b * c.vocab_size, logits.begin() + (b + 1) * c.vocab_size);
+  }
+  for (int b = 0; b < n; ++b) {
+    EXPECT_LT(max_abs_diff(got[b], reference_logits(m, toks[b])), 2e-4) << "sequence " << b;
+    // One sequence alone gives the same logits (to float32 rounding of a different BLAS blocking).
+    Engine single(m, KVCacheSpec{}, 1);
+    const int32_t s = single.add_sequence();
+    std::vector<float> one(c.vocab_size);
+    for (int t = 0; t < T; ++t) {
+      single.decode(std::vector<int32_t>{s}, std::vector<int32_t>{toks[b][t]}, one);
+      for (int v = 0; v < c.vocab_size; ++v) ASSERT_NEAR(one[v], got[b][t * c.vocab_size + v], 1e-4);
+    }
+  }
+}
+
+TEST(Engine, QuantizedCacheChangesLogitsBoundedly) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 3);
+  const auto tokens = random_tokens(32, c.vocab_size, test_seed() + 4);
+  const auto ref = reference_logits(m, tokens);
+  double prev = 0;
+  for (const char* fmt : {"int8", "int4", "int2_kivi_g16"}) {
+    KVCacheSpec spec;
+    spec.kv_cache_dtype = fmt;
+    Engine e(m, spec, 1);
+    const int32_t s = e.add_sequence();
+    std::vector<float> all, one(c.vocab_size);
+    for (int32_t t : tokens) {
+      e.decode(std::vector<int32_t>{s}, std::vector<int32_t>{t}, one);
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    const double err = max_abs_diff(all, ref);
+    EXPECT_GT(err, 1e-5) << fmt << ": a quantized cache must change the logits";
+    EXPECT_LT(err, 10.0) << fmt;
+    EXPECT_GE(err, prev * 0.5) << fmt;
+    prev = err;
+    const KVMemory mem = e.memory();
+    EXPECT_EQ(mem.tokens, 32u);
+    EXPECT_GT(mem.bytes, 0u);
+  }
+}
+
+TEST(Engine, ShippedModelGreedyFromBos) {
+  LoadedModel lm = load_model_with_tokenizer(model_path(), tokenizer_path());
+  Engine e(lm.model, KVCacheSpec{}, 1);
+  Sampler greedy(SamplerConfig{});
+  const std::vector<int32_t> bos{1};
+  std::string streamed;
+  auto g = generate(e, bos, 40, greedy, [&](int32_t p, int32_t t) { streamed += lm.tokenizer->decode_piece(p, t); });
+  EXPECT_EQ(g.tokens.size(), 40u);
+  EXPECT_EQ(g.stop, StopReason::steps);
+  EXPECT_EQ(streamed, lm.tokenizer->decode(g.tokens));
+  EXPECT_EQ(streamed.rfind("\"Echoes of vectors unfold", 0), 0u) << streamed;
+  EXPECT_EQ(g.kv.tokens, 40u);  // BOS + 39 decoded tokens (the last sampled token is never fed)
+  // fp32 codes, plus page slack: 40 tokens occupy two 32-token pages.
+  EXPECT_NEAR(g.kv.effective_bits, 32.0 * 64 / 40, 1e-9);
+  // Sampling: same seed → same text.
+  Sampler s1(SamplerConfig{0.9f, 0.9f, 0, 5}), s2(SamplerConfig{0.9f, 0.9f, 0, 5});
+  EXPECT_EQ(generate(e, bos, 30, s1).tokens, generate(e, bos, 30, s2).tokens);
+  // Context end: a prompt of seq_len − 1 tokens leaves room for 2 generated tokens.
+  std::vector<int32_t> long_prompt(127, 300);
+  long_prompt[0] = 1;
+  auto g2 = generate(e, long_prompt, 50, greedy);
+  EXPECT_EQ(g2.stop, StopReason::context);
+  EXPECT_EQ(g2.tokens.size(), 2u);
+}
+
+TEST(Engine, Errors) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, 1);
+  KVCacheSpec bad;
+  bad.kv_cache_dtype = "int3";
+  EXPECT_THROW(Engine(m, bad, 1), Error);
+  EXPECT_THROW(Engine(m, KVCacheSpec{}, 0), Error);
+  Engine e(m, KVCacheSpec{}, 2);
+  const int32_t a = e.add_sequence();
+  const int32_t b = e.add_sequence();
+  EXPECT_THROW(e.add_sequence(), CapacityError);
+  std::vector<float> l(c.vocab_size), l2(2 * c.vocab_size);
+  EXPECT_THROW(e.prefill(a, std::vector<int32_t>{1, 50}, l), Error);  // token out of range
+  EXPECT_THROW(e.prefill(a, std::vector<int32_t>{}, l), Error);
+  EXPECT_THROW(e.prefill(a, std::vector<int32_t>(41, 1), l), Error);  // longer than seq_len
+  EXPECT_THROW(e.prefill(a, std::vector<int32_t>{1, 2}, std::span<float>(l2.data(), 7)), Error);
+  e.prefill(a, std::vector<int32_t>{1, 2}, l);
+  EXPECT_THROW(e.prefill(a, std::vector<int32_t>{1}, l), Error);  // not empty
+  EXPECT_THROW(e.decode(std::vector<int32_t>{a, a}, std::vector<int32_t>{1, 1}, l2), Error);
+  EXPECT_THROW(e.decode(std::vector<int32_t>{a, 7}, std::vector<int32_t>{1, 1}, l2), Error);
+  EXPECT_THROW(e.decode(std::vector<int32_t>{a}, std::vector<int32_t>{-1}, l), Error);
+  EXPECT_THROW(e.remove_sequence(9), Error);
+  e.remove_sequence(b);
+  // Fill a sequence to the context end, then one more decode is rejected.
+  const int32_t f = e.add_sequence();
+  e.prefill(f, std::vector<int32_t>(40, 3), {});
+  EXPECT_THROW(e.decode(std::vector<int32_t>{f}, std::vector<int32_t>{3}, l), Error);
+  Sampler s(SamplerConfig{});
+  EXPECT_THROW(generate(e, std::vector<int32_t>{1}, 0, s), Error);
+  EXPECT_THROW(generate(e, std::vector<int32_t>(41, 1), 3, s), Error);
+}
