@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""CLI checks run by ctest: `check_cli.py <flashkv binary> <check>`; prints 'N passed, M failed' and exits 1 on failure.
+
+checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line)."""
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+passed = failed = 0
+
+
+def expect(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {what}", file=sys.stderr)
+
+
+def run(binary, *args, timeout=300):
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def check_bench_json(binary):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.json"
+        r = run(binary, "bench", "attention", "--seqlen", "96,200", "--head-dim", "32", "--heads", "2",
+                "--repeats", "2", "--causal", "--json", str(path))
+        expect(r.returncode == 0, f"bench exit code {r.returncode}: {r.stderr}")
+        expect("GFLOP/s" in r.stdout and "peak" in r.stdout, "table header with GFLOP/s and peak")
+        expect("[bench]" in r.stderr, "progress goes to stderr")
+        data = json.loads(path.read_text())
+        for key in ("command", "date", "machine", "config", "results"):
+            expect(key in data, f"JSON has '{key}'")
+        expect(data["command"].startswith("flashkv bench attention") and "--causal" in data["command"],
+               f"exact command recorded: {data['command']}")
+        expect(data["machine"]["peak_gflops_fp32"] > 0, "peak FMA rate measured")
+        res = data["results"]
+        expect(len(res) == 6, f"2 seqlens x 3 variants = 6 results, got {len(res)}")
+        expect({r["variant"] for r in res} == {"naive", "v1", "v2"}, "variants naive, v1, v2")
+        for e in res:
+            expect(not e["skipped"], f"{e['variant']} {e['seqlen']} not skipped")
+            expect(e["gflops"] > 0 and e["time_ms_best"] > 0 and e["time_ms_median"] >= e["time_ms_best"],
+                   f"timings {e}")
+            expect(e["bytes_moved"] > 0, f"bytes moved {e}")
+        by = {(e["variant"], e["seqlen"]): e for e in res}
+        for s in (96, 200):
+            expect(by[("naive", s)]["bytes_moved"] > by[("v2", s)]["bytes_moved"],
+                   f"naive moves more bytes than v2 at seqlen {s}")
+            expect(by[("naive", s)]["extra_memory_bytes_model"] > by[("v2", s)]["extra_memory_bytes_model"],
+                   f"naive needs more scratch than v2 at seqlen {s}")
+        # flops formula: 4*b*h*s*s*d/2 (causal) / time
+        e = by[("v2", 200)]
+        flops = 4 * 1 * 2 * 200 * 200 * 32 / 2
+        expect(abs(e["gflops"] - flops / (e["time_ms_best"] * 1e-3) * 1e-9) <= 1e-6 * e["gflops"] + 1e-9,
+               "GFLOP/s follows the FA formula")
+        # naive skipped when its scratch exceeds the limit
+        r = run(binary, "bench", "attention", "--seqlen", "512", "--head-dim", "16", "--heads", "1", "--repeats", "1",
+                "--variant", "naive", "--max-naive-memory", "0.0001", "--quiet")
+        expect(r.returncode == 0 and "skipped" in r.stdout, f"naive skipped over the memory limit: {r.stdout}")
+        expect(r.stderr == "", "--quiet prints nothing on stderr")
+
+
+def check_explain(binary):
+    r = run(binary, "explain", "online-softmax", "--seqlen-k", "13", "--block-n", "4", "--head-dim", "6", "--seed", "3")
+    expect(r.returncode == 0, f"explain online-softmax exit {r.returncode}: {r.stderr}")
+    expect("final O/l equals the exact softmax result" in r.stdout, "equality line")
+    expect(r.stdout.count("tile ") >= 4 and "alpha = exp(m_old - m_new)" in r.stdout, "one block per tile (4 tiles)")
+    r = run(binary, "explain", "online-softmax", "--rows", "3")
+    expect(r.returncode == 0 and len(re.findall(r"^query row \d+:", r.stdout, re.M)) == 3,
+           "a small query block of 3 rows")
+    r = run(binary, "explain", "tiles", "--seqlen", "2048", "--head-dim", "64")
+    expect(r.returncode == 0, f"explain tiles exit {r.returncode}: {r.stderr}")
+    for word in ("naive", "v1", "v2", "S", "P", "O", "bytes moved"):
+        expect(word in r.stdout, f"explain tiles mentions {word}")
+    r1 = run(binary, "explain", "tiles", "--seqlen", "1024", "--head-dim", "64", "--variant", "v1")
+    expect(r1.returncode == 0 and "== v1" in r1.stdout and "== naive" not in r1.stdout and "== v2" not in r1.stdout,
+           "--variant selects one variant")
+
+
+def check_bad_args(binary):
+    cases = [
+        (["bench", "attention", "--seqlen", "0"], "--seqlen"),
+        (["bench", "attention", "--head-dim", "300"], "--head-dim"),
+        (["bench", "attention", "--variant", "v9"], "--variant"),
+        (["bench", "attention", "--dtype", "int8"], "--dtype"),
+        (["bench", "attention", "--repeats", "abc"], "--repeats"),
+        (["bench", "attention", "--json", "/nonexistent-dir/x.json", "--seqlen", "64", "--head-dim", "16",
+          "--heads", "1", "--repeats", "1", "--quiet"], "--json"),
+        (["explain", "online-softmax", "--block-n", "0"], "--block-n"),
+        (["explain", "online-softmax", "--seqlen-k", "4", "--block-n", "9"], "--block-n"),
+        (["explain", "tiles", "--variant", "v7"], "--variant"),
+        (["explain", "tiles", "--seqlen", "0"], "--seqlen"),
+        (["bench", "nothing"], ""),
+        (["--no-such-flag"], ""),
+    ]
+    for args, name in cases:
+        r = run(binary, *args)
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        expect(r.returncode == 2, f"{args}: exit code {r.returncode} (want 2): {r.stderr}")
+        expect(len(lines) == 1, f"{args}: one line on stderr, got {len(lines)}: {r.stderr!r}")
+        expect(name in r.stderr, f"{args}: message names {name}: {r.stderr!r}")
+
+
+def main():
+    binary, check = sys.argv[1], sys.argv[2]
+    {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args}[check](binary)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
