@@ -34,7 +34,7 @@ struct Tiles {  // per-thread scratch (float32)
 
 int64_t scratch_floats(int64_t d, int64_t dv) {
   return kBlockM * d + kBlockM * dv + d * kBlockN + dv * kBlockN + kBlockN * d + 2 * kBlockM * kBlockN +
-         kBlockN * d + kBlockN * dv + kBlockM + std::max(d, dv) + 2 * kBlockM;
+         kBlockN * d + kBlockN * dv + kBlockN * kBlockM + std::max(d, dv) + 2 * kBlockM;
 }
 
 Tiles carve(float* ws, int64_t d, int64_t dv) {
@@ -49,7 +49,7 @@ Tiles carve(float* ws, int64_t d, int64_t dv) {
   t.dk = t.ds + kBlockM * kBlockN;
   t.dv = t.dk + kBlockN * d;
   t.col = t.dv + kBlockN * dv;
-  t.tmp = t.col + kBlockM;
+  t.tmp = t.col + kBlockN * kBlockM;  // col: a transposed [kBlockN][kBlockM] tile
   t.lse = t.tmp + std::max(d, dv);
   t.dd = t.lse + kBlockM;
   return t;
@@ -95,13 +95,14 @@ FLASHKV_ALWAYS_INLINE void p_and_ds(const core::AttentionProblem& p, const core:
   }
 }
 
-/// out[j][0..dx) += Σ_i a[i][j]·x[i][0..dx) for j < cols, i < rows (a is [rows][kBlockN], x is [rows][dx]).
+/// out[j][0..dx) += Σ_i a[i][j]·x[i][0..dx) for j < cols, i < rows (a is [rows][kBlockN], x is [rows][dx]):
+/// transposes the tile into `at` ([cols][kBlockN]) and runs the same register-blocked product as the forward.
 FLASHKV_ALWAYS_INLINE void at_x(const float* __restrict a, int rows, int cols, const float* __restrict x, int dx,
-                                float* __restrict out, float* __restrict col) {
-  for (int j = 0; j < cols; ++j) {
-    for (int i = 0; i < rows; ++i) col[i] = a[static_cast<int64_t>(i) * kBlockN + j];
-    pv_row(col, rows, x, dx, out + static_cast<int64_t>(j) * dx);
+                                float* __restrict out, float* __restrict at) {
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) at[static_cast<int64_t>(j) * kBlockN + i] = a[static_cast<int64_t>(i) * kBlockN + j];
   }
+  pv_tile(at, cols, rows, x, dx, out);
 }
 
 /// Loads the query-side tiles of (b, h, rows [q0, q0 + rows)): Q, dO, lse, D.
@@ -173,7 +174,7 @@ void dq_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, in
   const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
   const Tiles t = carve(ws, d, dv);
   float* dq = t.dk;  // reuse: [rows][d] fits in the dK tile (kBlockM == kBlockN)
-  static_assert(kBlockM <= kBlockN, "dQ reuses the dK tile");
+  static_assert(kBlockM == kBlockN, "dQ reuses the dK tile; at_x transposes with stride kBlockN");
   std::fill(dq, dq + static_cast<int64_t>(rows) * d, 0.0f);
   int64_t kf = 0, kl = 0;
   mask.block_key_range(q0, q0 + rows, &kf, &kl);
@@ -186,9 +187,7 @@ void dq_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, in
     load_rows_transposed(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype,
                          p.v_strides.row, kc, dv, t.vt);
     p_and_ds(p, mask, t, rows, kc, q0, k0);
-    for (int i = 0; i < rows; ++i) {  // dQ += dU·K
-      pv_row(t.ds + static_cast<int64_t>(i) * kBlockN, kc, t.kf, d, dq + static_cast<int64_t>(i) * d);
-    }
+    pv_tile(t.ds, rows, kc, t.kf, d, dq);  // dQ += dU·K
   }
   for (int i = 0; i < rows; ++i) {
     const float* src = dq + static_cast<int64_t>(i) * d;

@@ -84,9 +84,10 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
       const int kc = static_cast<int>(std::min<int64_t>(kBlockN, len_k - k0));
       load_rows(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype, p.v_strides.row, kc,
                 dv, vf);
-      for (int i = 0; i < rows; ++i) {
-        pv_row(sp + (q0 + i) * len_k + k0, kc, vf, dv, o + static_cast<int64_t>(i) * dv);
+      for (int i = 0; i < rows; ++i) {  // read the P tile from the materialized matrix
+        std::copy(sp + (q0 + i) * len_k + k0, sp + (q0 + i) * len_k + k0 + kc, st + static_cast<int64_t>(i) * kBlockN);
       }
+      pv_tile(st, rows, kc, vf, dv, o);
     }
     for (int i = 0; i < rows; ++i) {
       store_row(o + static_cast<int64_t>(i) * dv, dv,

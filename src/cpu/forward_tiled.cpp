@@ -64,9 +64,16 @@ void forward_item(const core::AttentionProblem& p, int64_t b, int64_t h, int64_t
     qk_tile(qf, rows, d, kt, s);
     finish_scores(s, rows, kc, q0, k0, mask, mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc), p.softmax_scale,
                   p.softcap);
+    // online_softmax_update (src/cpu/online_softmax.hpp) split in its two halves so that P·V runs as one tile
+    // product: per row, m/l update, P = exp(S − m_new) and O *= exp(m_old − m_new); then O += P·V for the tile.
     for (int i = 0; i < rows; ++i) {
-      online_softmax_update(st[i], s + static_cast<int64_t>(i) * kBlockN, kc, vf, dv, o + static_cast<int64_t>(i) * dv);
+      const float alpha = online_softmax_scores_to_p(st[i], s + static_cast<int64_t>(i) * kBlockN, kc);
+      if (alpha != 1.0f) {
+        float* orow = o + static_cast<int64_t>(i) * dv;
+        for (int c = 0; c < dv; ++c) orow[c] *= alpha;
+      }
     }
+    pv_tile(s, rows, kc, vf, dv, o);
   }
   for (int i = 0; i < rows; ++i) {
     const float lse = online_softmax_finalize(st[i], o + static_cast<int64_t>(i) * dv, dv, out_row);

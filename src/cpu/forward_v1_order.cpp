@@ -72,14 +72,17 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
       qk_tile(qf, rows, d, kt, s);
       finish_scores(s, rows, kc, q0, k0, mask, mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc),
                     p.softmax_scale, p.softcap);
-      for (int i = 0; i < rows; ++i) {
+      for (int i = 0; i < rows; ++i) {  // O_i·l_i·exp(m_i − m_new) (un-normalize the stored O)
         float* orow = o + static_cast<int64_t>(i) * dv;
         const float l_old = st[i].l;
         const float alpha = online_softmax_scores_to_p(st[i], s + static_cast<int64_t>(i) * kBlockN, kc);
         const float keep = alpha * l_old;
         for (int c = 0; c < dv; ++c) orow[c] *= keep;
-        pv_row(s + static_cast<int64_t>(i) * kBlockN, kc, vf, dv, orow);
+      }
+      pv_tile(s, rows, kc, vf, dv, o);  // + P·V_j
+      for (int i = 0; i < rows; ++i) {  // / l_new (normalized again, as FA1 stores it)
         if (st[i].l > 0.0f) {
+          float* orow = o + static_cast<int64_t>(i) * dv;
           const float inv = 1.0f / st[i].l;
           for (int c = 0; c < dv; ++c) orow[c] *= inv;
         }

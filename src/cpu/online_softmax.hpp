@@ -32,7 +32,10 @@ struct OnlineSoftmaxRow {
 /// First half of a step: updates st.m and st.l for the scores s[0..n) and overwrites s with p_j = exp(s_j − m_new).
 /// Returns alpha = exp(m_old − m_new), the factor the caller must apply to its O row before adding p·V.
 FLASHKV_ALWAYS_INLINE float online_softmax_scores_to_p(OnlineSoftmaxRow& st, float* __restrict s, int n) {
+  // `omp simd reduction`: lets the compiler vectorize the max / sum reductions without -ffast-math (the summation
+  // order is then fixed by the vector width of the clone — deterministic for a given machine).
   float tile_max = kNegInf;
+#pragma omp simd reduction(max : tile_max)
   for (int j = 0; j < n; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
   const float m_new = tile_max > st.m ? tile_max : st.m;
   if (m_new == kNegInf) {  // nothing visible so far: p = 0, state unchanged
@@ -41,6 +44,7 @@ FLASHKV_ALWAYS_INLINE float online_softmax_scores_to_p(OnlineSoftmaxRow& st, flo
   }
   const float alpha = exp_flush(st.m - m_new);  // st.m = −inf -> 0
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int j = 0; j < n; ++j) {
     const float pj = exp_flush(s[j] - m_new);
     s[j] = pj;

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -193,15 +192,20 @@ inline std::vector<char> reference_mask(int64_t seqlen_q, int64_t seqlen_k, cons
   return m;
 }
 
-/// Rounding applied to intermediates: identity for the float64 reference, round_to(dtype) for the low-precision
-/// naive baseline.
-using Rounder = std::function<double(double)>;
-inline Rounder no_rounding() {
-  return [](double x) { return x; };
-}
-inline Rounder rounding_to(DType t) {
-  return [t](double x) { return round_to(t, x); };
-}
+/// Rounding applied to intermediates: none for the float64 reference; for the low-precision naive baseline every
+/// stored intermediate (S, P, out, dP, dS, gradients) is rounded to `dtype` and every matmul accumulates in float32 —
+/// what a PyTorch implementation without upcasting does.
+struct Rounder {
+  DType dtype = DType::float64;  ///< float64 = no rounding
+  double operator()(double x) const { return round_to(dtype, x); }
+  bool active() const { return dtype != DType::float64; }
+  /// acc + x, accumulated in float32 when active (matmul inner sums), exactly otherwise.
+  double accumulate(double acc, double x) const {
+    return active() ? static_cast<double>(static_cast<float>(acc) + static_cast<float>(x)) : acc + x;
+  }
+};
+inline Rounder no_rounding() { return Rounder{DType::float64}; }
+inline Rounder rounding_to(DType t) { return Rounder{t}; }
 
 namespace detail {
 /// Scores of query (b, i, h) against every key (after scale, softcap, mask; masked = −inf), and the capped
@@ -215,7 +219,7 @@ inline void ref_scores(const RefShape& s, const RefOptions& o, const std::vector
   for (int64_t j = 0; j < s.seqlen_k; ++j) {
     const double* kj = &k[static_cast<std::size_t>(((b * s.seqlen_k + j) * s.num_heads_kv + hk) * s.head_dim)];
     double dot = 0.0;
-    for (int64_t c = 0; c < s.head_dim; ++c) dot += qi[c] * kj[c];
+    for (int64_t c = 0; c < s.head_dim; ++c) dot = rnd.accumulate(dot, qi[c] * kj[c]);
     double t = rnd(rnd(dot) * o.softmax_scale);
     if (o.softcap > 0.0) t = rnd(o.softcap * std::tanh(t / o.softcap));
     if (mask[static_cast<std::size_t>(i * s.seqlen_k + j)]) scores[static_cast<std::size_t>(j)] = t;
@@ -252,7 +256,9 @@ inline void reference_forward(const RefShape& s, const RefOptions& o, const std:
           const double p = rnd(std::exp(sc[static_cast<std::size_t>(j)] - m) / l);
           if (p == 0.0) continue;
           const double* vj = &v[static_cast<std::size_t>(((b * s.seqlen_k + j) * s.num_heads_kv + hk) * s.head_dim_v)];
-          for (int64_t c = 0; c < s.head_dim_v; ++c) acc[static_cast<std::size_t>(c)] += p * vj[c];
+          for (int64_t c = 0; c < s.head_dim_v; ++c) {
+            acc[static_cast<std::size_t>(c)] = rnd.accumulate(acc[static_cast<std::size_t>(c)], p * vj[c]);
+          }
         }
         for (int64_t c = 0; c < s.head_dim_v; ++c) oi[c] = rnd(acc[static_cast<std::size_t>(c)]);
       }
@@ -291,7 +297,7 @@ inline void reference_backward(const RefShape& s, const RefOptions& o, const std
           p[jj] = rnd(std::exp(sc[jj] - m) / l);
           const double* vj = &v[static_cast<std::size_t>(((b * s.seqlen_k + j) * s.num_heads_kv + hk) * s.head_dim_v)];
           double x = 0.0;
-          for (int64_t c = 0; c < s.head_dim_v; ++c) x += gi[c] * vj[c];
+          for (int64_t c = 0; c < s.head_dim_v; ++c) x = rnd.accumulate(x, gi[c] * vj[c]);
           dp[jj] = rnd(x);
           dsum += p[jj] * dp[jj];
         }

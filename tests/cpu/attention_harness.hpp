@@ -32,6 +32,9 @@ struct AttnCase {
   Algorithm algorithm = Algorithm::tiled;
   int64_t pad = 0;           ///< extra elements per row: non-contiguous strides when > 0
   double input_std = 1.0;    ///< stddev of q and k (large values -> large logits)
+  /// float32 only: judge with the low-precision rule (2×/3× the error of a naive float32 computation) instead of
+  /// 1e-5 relative — for ill-conditioned inputs (logits ~1e4, where rounding the score itself costs ~1e-4).
+  bool baseline_rule_for_fp32 = false;
   /// Varlen when non-empty: per-sequence lengths (batch = size); seqlen_q/k are then ignored.
   std::vector<int32_t> varlen_q, varlen_k;
 
