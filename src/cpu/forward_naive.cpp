@@ -60,10 +60,12 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
   for (int64_t i = 0; i < len_q; ++i) {
     float* row = sp + i * len_k;
     float m = kNegInf;
+#pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < len_k; ++j) m = row[j] > m ? row[j] : m;
     float lse = kNegInf;
     if (m != kNegInf) {
       float l = 0.0f;
+#pragma omp simd reduction(+ : l)
       for (int64_t j = 0; j < len_k; ++j) {
         row[j] = exp_flush(row[j] - m);
         l += row[j];
