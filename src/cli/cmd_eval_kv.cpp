@@ -1,0 +1,186 @@
+// flashkv eval kv: attention-level quality of KV cache formats on synthetic K/V that mimic real models (gaussian,
+// outlier key channels, post-RoPE keys, an attention sink): reconstruction NMSE of K and V, relative attention error
+// vs the unquantized cache, bias and spread of q·k̂ − q·k; plus the needle test (success table per format and an SVG
+// heatmap per format, depth × context). Library: src/kvcache/quality/quality.hpp. Shares the `eval` group with the
+// engine's model-level evaluation.
+//
+//   flashkv eval kv
+//   flashkv eval kv --formats bf16,int8,int4,int2_kivi --needle-contexts 1k,32k,128k --heatmap-dir out/ --json r.json
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.hpp"
+#include "flashkv/error.hpp"
+#include "kvcache/quality/quality.hpp"
+
+namespace {
+
+struct EvalKvArgs {
+  std::string formats = "bf16,fp8_e4m3,fp8_e4m3_dynamic,int8,int4,int4_g32,int4_kivi,int2_kivi";
+  std::string distributions = "gaussian,outlier,rope,sink";
+  std::string needle_contexts = "1k,4k,16k";
+  int32_t needle_depths = 11;
+  double margin = 2.0;
+  bool no_needle = false;
+  int64_t tokens = 4096;
+  int64_t queries = 8;
+  int32_t head_dim = 128;
+  int32_t page_size = 32, residual = 0, sinks = 0;
+  std::string rotate = "none";
+  std::string json, heatmap_dir;
+  uint64_t seed = 1;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int64_t parse_count(const std::string& s, const char* arg) {
+  if (s.empty()) throw flashkv::Error(arg, "token counts like 1024, 4k or 128k", "''");
+  int64_t mult = 1;
+  std::string num = s;
+  if (s.back() == 'k' || s.back() == 'K') {
+    mult = 1024;
+    num = s.substr(0, s.size() - 1);
+  }
+  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) {
+    throw flashkv::Error(arg, "token counts like 1024, 4k or 128k", "'" + s + "'");
+  }
+  return std::stoll(num) * mult;
+}
+
+std::string safe_name(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-') ? c : '_';
+  return o;
+}
+
+void run(const EvalKvArgs& a) {
+  using namespace flashkv;
+  if (a.rotate != "none" && a.rotate != "hadamard") throw Error("rotate", "'none' or 'hadamard'", "'" + a.rotate + "'");
+  if (a.needle_depths < 2 || a.needle_depths > 101) {
+    throw Error("needle-depths", "2..101", std::to_string(a.needle_depths));
+  }
+  kvq::CacheSettings st;
+  st.page_size = a.page_size;
+  st.residual_tokens = a.residual;
+  st.sink_tokens = a.sinks;
+  st.hadamard = a.rotate == "hadamard";
+  st.rotation_seed = a.seed;
+  const std::vector<std::string> formats = split(a.formats);
+  if (formats.empty()) throw Error("formats", "a comma-separated list of kv_cache_dtype strings", "''");
+  for (const std::string& f : formats) (void)parse_kv_cache_dtype(f);  // fail fast on a typo
+  std::vector<kvq::Distribution> dists;
+  for (const std::string& d : split(a.distributions)) dists.push_back(kvq::parse_distribution(d));
+  std::vector<int64_t> contexts;
+  if (!a.no_needle) {
+    for (const std::string& c : split(a.needle_contexts)) contexts.push_back(parse_count(c, "needle-contexts"));
+  }
+  std::vector<double> depths;
+  for (int32_t i = 0; i < a.needle_depths; ++i) depths.push_back(static_cast<double>(i) / (a.needle_depths - 1));
+
+  nlohmann::json js;
+  js["settings"] = {{"tokens", a.tokens},      {"queries", a.queries},     {"head_dim", a.head_dim},
+                    {"page_size", a.page_size}, {"residual", a.residual},  {"sinks", a.sinks},
+                    {"rotate", a.rotate},       {"seed", a.seed},          {"needle_margin", a.margin}};
+  std::printf("KV quality: %lld tokens, %lld queries (GQA over 1 KV head), head_dim %d, page %d, residual %d, sinks "
+              "%d, rotation %s, seed %llu\n",
+              static_cast<long long>(a.tokens), static_cast<long long>(a.queries), a.head_dim, a.page_size,
+              a.residual, a.sinks, a.rotate.c_str(), static_cast<unsigned long long>(a.seed));
+  std::printf("%-22s %-9s %9s %11s %11s %13s %11s %10s\n", "format", "keys", "bits/elt", "NMSE(K)", "NMSE(V)",
+              "attn rel err", "q·k bias", "q·k std");
+  for (kvq::Distribution dist : dists) {
+    const kvq::Synthetic data = kvq::generate(dist, a.tokens, a.queries, a.head_dim, a.seed);
+    for (const std::string& f : formats) {
+      const kvq::FormatQuality q = kvq::evaluate_format(f, st, data);
+      std::printf("%-22s %-9s %9.3f %11.3e %11.3e %13.3e %+11.2e %10.2e\n", f.c_str(), kvq::distribution_name(dist),
+                  q.bits_per_element, q.nmse_k, q.nmse_v, q.attn_rel_err, q.qk_bias, q.qk_std);
+      js["formats"].push_back({{"kv_cache_dtype", f},
+                               {"distribution", kvq::distribution_name(dist)},
+                               {"bits_per_element", q.bits_per_element},
+                               {"nmse_k", q.nmse_k},
+                               {"nmse_v", q.nmse_v},
+                               {"attn_rel_err", q.attn_rel_err},
+                               {"qk_bias", q.qk_bias},
+                               {"qk_std", q.qk_std}});
+    }
+  }
+  if (!contexts.empty()) {
+    std::printf("\nneedle test: success rate over %d depths (cos(out, needle value) >= 0.9; margin %.2f over the "
+                "distractors' log-sum-exp)\n%-22s",
+                a.needle_depths, a.margin, "format");
+    for (int64_t n : contexts) std::printf(" %8lld", static_cast<long long>(n));
+    std::printf("\n");
+    if (!a.heatmap_dir.empty()) std::filesystem::create_directories(a.heatmap_dir);
+    for (const std::string& f : formats) {
+      const kvq::NeedleResult r = kvq::needle_test(f, st, contexts, depths, a.margin, a.head_dim, a.seed);
+      std::printf("%-22s", f.c_str());
+      nlohmann::json jr = {{"kv_cache_dtype", f}};
+      for (int64_t n : contexts) {
+        std::printf(" %8.2f", r.success_rate(n));
+        jr["success_rate"][std::to_string(n)] = r.success_rate(n);
+      }
+      std::printf("\n");
+      for (const kvq::NeedleCell& c : r.cells) {
+        jr["cells"].push_back({{"context", c.context}, {"depth", c.depth}, {"cosine", c.cosine}, {"success", c.success}});
+      }
+      if (!a.heatmap_dir.empty()) {
+        const std::string path = a.heatmap_dir + "/needle-" + safe_name(f) + ".svg";
+        std::ofstream out(path);
+        if (!out) throw IoError("flashkv: cannot write heatmap '" + path + "'");
+        out << kvq::needle_heatmap_svg(r, contexts, depths);
+        jr["heatmap"] = path;
+      }
+      js["needle"].push_back(jr);
+    }
+    if (!a.heatmap_dir.empty()) std::printf("heatmaps: %s/needle-<format>.svg\n", a.heatmap_dir.c_str());
+  }
+  if (!a.json.empty()) {
+    if (a.json == "-") {
+      std::printf("%s\n", js.dump(2).c_str());
+    } else {
+      std::ofstream out(a.json);
+      if (!out) throw IoError("flashkv: cannot write JSON '" + a.json + "'");
+      out << js.dump(2) << "\n";
+    }
+  }
+}
+
+void register_eval_kv(CLI::App& root) {
+  CLI::App* g = flashkv::cli::group(root, "eval", "quality evaluation of KV cache formats");
+  auto args = std::make_shared<EvalKvArgs>();
+  CLI::App* kv = g->add_subcommand("kv", "attention-level KV-format quality on synthetic K/V + needle test");
+  kv->add_option("--formats", args->formats, "comma-separated kv_cache_dtype strings (e.g. bf16,int8,k:int8,v:int4)");
+  kv->add_option("--distributions", args->distributions, "gaussian,outlier,rope,sink");
+  kv->add_option("--tokens", args->tokens, "cached tokens for the error metrics (default 4096)");
+  kv->add_option("--queries", args->queries, "query heads sharing the KV head (default 8)");
+  kv->add_option("--head-dim", args->head_dim, "head_dim (default 128)");
+  kv->add_option("--page-size", args->page_size, "tokens per page (default 32)");
+  kv->add_option("--residual", args->residual, "most recent tokens kept bf16 (default 0)");
+  kv->add_option("--sinks", args->sinks, "first tokens kept bf16 (default 0)");
+  kv->add_option("--rotate", args->rotate, "none | hadamard");
+  kv->add_option("--needle-contexts", args->needle_contexts, "context lengths, e.g. 1k,4k,32k,128k (default 1k,4k,16k)");
+  kv->add_option("--needle-depths", args->needle_depths, "depths 0..100% evenly (default 11)");
+  kv->add_option("--margin", args->margin, "needle score margin over the distractors' log-sum-exp (default 2)");
+  kv->add_flag("--no-needle", args->no_needle, "skip the needle test");
+  kv->add_option("--heatmap-dir", args->heatmap_dir, "write needle-<format>.svg heatmaps here");
+  kv->add_option("--json", args->json, "write results as JSON to this file ('-' = stdout)");
+  kv->add_option("--seed", args->seed, "generator seed (default 1)");
+  kv->callback([args] { run(*args); });
+}
+
+}  // namespace
+
+FLASHKV_CLI_COMMAND("eval kv", register_eval_kv);
