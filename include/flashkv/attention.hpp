@@ -21,7 +21,8 @@
 // MASK (position i of the query, j of the key, both 0-based within their sequence; shift = seqlen_k − seqlen_q):
 //   visible(i, j) = (window_size_left  < 0 || j >= i + shift − window_size_left)
 //                && (window_size_right < 0 || j <= i + shift + window_size_right)
-//   causal = true is the same as window_size_right = 0 (bottom-right aligned, as flash-attn ≥ 2.1).
+//   causal = true is the same as window_size_right = 0 (bottom-right aligned, as flash-attn ≥ 2.1); combining
+//   causal = true with window_size_right > 0 is rejected (flashkv::Error naming window_size_right).
 //   A model with a sliding window of W tokens uses (W − 1, 0).
 // SOFTCAP: if softcap > 0, score ← softcap · tanh(score / softcap), where score = q·k · softmax_scale; applied before
 //   masking.
@@ -32,7 +33,13 @@
 // ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch
 //   (flashkv::TypeError), head_dim 0 or > 256, num_heads not a multiple of num_heads_kv, bad cu_seqlens, null pointers,
 //   window sizes < −1, softcap < 0 or non-finite, softmax_scale non-finite or <= 0; UnsupportedError for a device/variant
-//   that this build cannot run.
+//   that this build cannot run. Tensors on different devices are a TypeError. The values inside cu_seqlens are checked
+//   (cu[0] = 0, non-decreasing, cu[batch] = total, every length <= max_seqlen) when they live on the CPU; a device
+//   backend trusts them. Nothing is written when an error is thrown.
+//
+// DEVICES: Device::cpu runs the CPU kernels (src/cpu/, docs/attention-cpu.md: tiled FA2 order, OpenMP over
+//   (batch, head, query block), float32 accumulation); Device::cuda runs the registered CUDA backend, or throws
+//   UnsupportedError("flashkv was built without the CUDA backend" / "no CUDA device"). Never a silent fallback.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +51,8 @@
 namespace flashkv {
 
 /// Which loop structure computes the forward pass. Results are identical up to float32 rounding; the variants exist
-/// to compare the memory traffic of the FlashAttention versions (see bench/ and `flashkv explain tiles`).
+/// to compare the memory traffic of the FlashAttention versions (see bench/, `flashkv explain tiles` and
+/// flashkv/traffic.hpp). The backward pass has one algorithm (FA2 Alg. 2) and ignores this field.
 enum class Algorithm : int32_t {
   tiled = 0,     ///< FA2 order (default): Q-block outer, K/V inner, O/m/l kept in fast memory, one final division.
   v1_order = 1,  ///< FA1 (2022) order: K/V-block outer, Q inner; O, m, l re-read and re-written every step.
@@ -59,8 +67,9 @@ struct AttentionOptions {
   int32_t window_size_right = -1;      ///< −1 = unbounded (tokens)
   float softcap = 0.0f;                ///< 0 = off
   Algorithm algorithm = Algorithm::tiled;
-  bool deterministic = true;           ///< backward: bit-identical run to run (CPU is always deterministic)
-  int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default
+  bool deterministic = true;           ///< backward: bit-identical run to run (CPU is always deterministic,
+                                       ///< for any num_threads)
+  int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
 };
 
@@ -69,7 +78,9 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView* lse, const AttentionOptions& options = {});
 
 /// Fixed-length backward. out/lse must come from attention_forward with the same options; dq, dk, dv are
-/// caller-allocated like q, k, v (overwritten, not accumulated into).
+/// caller-allocated like q, k, v (overwritten, not accumulated into). dout has out's shape. For GQA/MQA dk/dv sum the
+/// contributions of every query head of the group. Rows with lse = −inf get zero gradients. CPU: float32
+/// accumulation, results rounded once to the dtype, bit-identical for any thread count.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                         const TensorView& dv, const AttentionOptions& options = {});
