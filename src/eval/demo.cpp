@@ -30,18 +30,19 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   if (o.steps < 0) throw Error("steps", ">= 0 (0 = to the context end)", std::to_string(o.steps));
   const int32_t steps = o.steps == 0 ? room : std::min(o.steps, room);
 
-  // 1) Greedy generation per format.
-  std::vector<GenerationResult> gens;
+  // 1) The fp32 cache's greedy text (the reference; also warms caches and thread pools before anything is timed),
+  //    then greedy generation per format.
   std::vector<int32_t> ref_tokens;
-  for (const auto& spec : formats) {
-    Engine engine(model, spec, 1);
-    Sampler greedy(SamplerConfig{});
-    gens.push_back(generate(engine, res.prompt_tokens, steps, greedy));
-  }
   {
     Engine engine(model, KVCacheSpec{}, 1);
     Sampler greedy(SamplerConfig{});
     ref_tokens = generate(engine, res.prompt_tokens, steps, greedy).tokens;
+  }
+  std::vector<GenerationResult> gens;
+  for (const auto& spec : formats) {
+    Engine engine(model, spec, 1);
+    Sampler greedy(SamplerConfig{});
+    gens.push_back(generate(engine, res.prompt_tokens, steps, greedy));
   }
   // 2) Teacher-forced sequences: the fp32 greedy text (prompt + generated), plus sampled ones.
   std::vector<std::vector<int32_t>> seqs;

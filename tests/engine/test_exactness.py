@@ -112,3 +112,85 @@ def test_tokenizer_vocab_mismatch_exit_2(tmp_path):
     bad.write_bytes(open(TOK, "rb").read()[:-10])
     p = run_cli("generate", "--model", MODEL, "--tokenizer", str(bad))
     assert p.returncode == 2 and "truncated" in p.stderr
+
+
+def read_gguf(path):
+    """Minimal GGUF v3 reader written from the format specification (independent of flashkv's reader)."""
+    import struct
+    import numpy as np
+    raw = open(path, "rb").read()
+    off = 0
+
+    def take(fmt):
+        nonlocal off
+        v = struct.unpack_from("<" + fmt, raw, off)
+        off += struct.calcsize("<" + fmt)
+        return v[0] if len(v) == 1 else v
+
+    def string():
+        nonlocal off
+        n = take("Q")
+        s = raw[off:off + n].decode("utf-8")
+        off += n
+        return s
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("I"), take("Q")
+            return [value(et) for _ in range(n)]
+        return take(scalar[t])
+
+    assert raw[:4] == b"GGUF"
+    off = 4
+    version, n_tensors, n_kv = take("I"), take("Q"), take("Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(take("I"))
+    infos = {}
+    for _ in range(n_tensors):
+        name = string()
+        nd = take("I")
+        ne = [take("Q") for _ in range(nd)]
+        infos[name] = (ne, take("I"), take("Q"))
+    align = meta.get("general.alignment", 32)
+    start = (off + align - 1) // align * align
+    tensors = {}
+    for name, (ne, t, o) in infos.items():
+        assert t == 0, "test converts with --type f32"
+        n = int(np.prod(ne))
+        tensors[name] = np.frombuffer(raw, np.float32, n, start + o).reshape(list(reversed(ne)))
+    return version, meta, tensors
+
+
+def test_gguf_layout_matches_the_spec_and_the_checkpoint(checkpoint, tokenizer, gguf_path):
+    import numpy as np
+    version, meta, t = read_gguf(gguf_path)
+    assert version == 3
+    assert meta["general.architecture"] == "llama"
+    assert meta["llama.embedding_length"] == checkpoint.dim
+    assert meta["llama.feed_forward_length"] == checkpoint.hidden
+    assert meta["llama.block_count"] == checkpoint.n_layers
+    assert meta["llama.attention.head_count"] == checkpoint.n_heads
+    assert meta["llama.attention.head_count_kv"] == checkpoint.n_kv
+    assert meta["llama.context_length"] == checkpoint.seq_len
+    assert meta["tokenizer.ggml.model"] == "llama"
+    pieces = [p.decode("utf-8", "replace") for p in tokenizer.pieces]
+    assert [s.replace("\u2581", " ") for s in meta["tokenizer.ggml.tokens"]] == pieces
+    assert meta["tokenizer.ggml.bos_token_id"] == 1 and meta["tokenizer.ggml.eos_token_id"] == 2
+    # ggml ne = [in, out] → numpy shape [out, in]: identical to the llama2.c row-major weights.
+    assert np.array_equal(t["token_embd.weight"], checkpoint.emb)
+    assert "output.weight" not in t  # shared classifier
+    for l in range(checkpoint.n_layers):
+        b = f"blk.{l}."
+        for name, w in [("attn_q", checkpoint.wq), ("attn_k", checkpoint.wk), ("attn_v", checkpoint.wv),
+                        ("attn_output", checkpoint.wo), ("ffn_gate", checkpoint.w1), ("ffn_down", checkpoint.w2),
+                        ("ffn_up", checkpoint.w3)]:
+            assert np.array_equal(t[b + name + ".weight"], w[l]), name
+        assert np.array_equal(t[b + "attn_norm.weight"], checkpoint.rms_att[l])
+        assert np.array_equal(t[b + "ffn_norm.weight"], checkpoint.rms_ffn[l])
+    assert np.array_equal(t["output_norm.weight"], checkpoint.rms_final)
