@@ -154,6 +154,13 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
   FwdParams p;
   fill_common(pr, p);
+  // FA1 loop order keeps O, m, l in global memory between K/V steps (float32 workspaces).
+  const int64_t v1_rows = kind == KernelKind::fwd_v1 ? (pr.max_seqlen_q + 63) / 64 * 64 : 0;
+  DeviceBuffer v1_o(static_cast<size_t>(pr.batch * pr.num_heads * v1_rows * ke.head_dim) * 4, st);
+  DeviceBuffer v1_ml(static_cast<size_t>(pr.batch * pr.num_heads * v1_rows * 2) * 4, st);
+  p.v1_o = v1_o.as<float>();
+  p.v1_ml = v1_ml.as<float>();
+  p.v1_rows = static_cast<int32_t>(v1_rows);
   if (!needs_padding(pr)) {
     reinterpret_cast<FwdLaunch>(ke.launch)(p, st);
   } else {

@@ -37,6 +37,11 @@ struct FwdParams {
   float score_scale = 1.f;
   float softmax_scale_log2 = 1.f;
   bool softcap = false;
+  /// Algorithm::v1_order only: float32 workspaces holding the unnormalized O [batch*heads*seqlen_q_rounded, head_dim
+  /// rounded] and (m, l) [batch*heads*seqlen_q_rounded, 2] between K/V steps (FA1 loop order keeps them in HBM).
+  float* v1_o = nullptr;
+  float* v1_ml = nullptr;
+  int32_t v1_rows = 0;  ///< seqlen_q rounded up to the v1 query block
 };
 
 /// Backward: forward fields + gradients and workspace.

@@ -32,11 +32,13 @@ struct Case {
   std::vector<int> varlen_q, varlen_k;  ///< per-sequence lengths (non-empty => varlen)
   bool strided = false;                 ///< q/k/v/out views with a padded head stride (padded-copy path)
   bool deterministic = true;
+  Algorithm algorithm = Algorithm::tiled;
   std::string name() const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%s d=%d b=%d h=%d/%d sq=%d sk=%d win=(%d,%d) causal=%d softcap=%g%s%s",
+    std::snprintf(buf, sizeof buf, "%s d=%d b=%d h=%d/%d sq=%d sk=%d win=(%d,%d) causal=%d softcap=%g%s%s %s",
                   dtype_name(dtype), head_dim, batch, heads, heads_kv, seqlen_q, seqlen_k, window_left,
-                  window_right, causal, softcap, varlen_q.empty() ? "" : " varlen", strided ? " strided" : "");
+                  window_right, causal, softcap, varlen_q.empty() ? "" : " varlen", strided ? " strided" : "",
+                  algorithm == Algorithm::v1_order ? "v1" : "tiled");
     return buf;
   }
 };
@@ -120,6 +122,7 @@ AttentionOptions options_of(const Case& c) {
   o.window_size_right = c.window_right;
   o.softcap = c.softcap;
   o.deterministic = c.deterministic;
+  o.algorithm = c.algorithm;
   return o;
 }
 
@@ -263,6 +266,18 @@ TEST(CudaForward, StridedInputsUsePaddedCopy) {
   check_forward(c);
   c.dtype = DType::float16, c.softcap = 20.f;
   check_forward(c);
+}
+
+TEST(CudaForward, V1LoopOrderMatchesReference) {
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    Case c;
+    c.dtype = t, c.algorithm = Algorithm::v1_order, c.seqlen_q = 203, c.seqlen_k = 113, c.heads_kv = 2;
+    check_forward(c);
+    c.causal = true, c.head_dim = 128, c.seqlen_q = 257, c.seqlen_k = 300, c.softcap = 25.f;
+    check_forward(c);
+    c.varlen_q = {5, 0, 133}, c.varlen_k = {17, 9, 0}, c.causal = false, c.window_left = 7, c.window_right = 2;
+    check_forward(c);
+  }
 }
 
 TEST(CudaForward, TypedErrors) {

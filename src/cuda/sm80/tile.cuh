@@ -55,8 +55,7 @@ template <class Tile, int kThreads, class RowPtr>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_ptr, int valid_rows, int num_cols,
                                                 const void* any_valid_ptr) {
   constexpr int kTotal = Tile::kRows * Tile::kChunks;
-  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly over the threads");
-  if constexpr (kThreads % Tile::kChunks == 0) {
+  if constexpr (kThreads % Tile::kChunks == 0 && kTotal % kThreads == 0) {
     // Every thread keeps one chunk column; rows advance by a constant, so the swizzled offset is loop-invariant.
     constexpr int kRowStep = kThreads / Tile::kChunks;
     const int c = static_cast<int>(threadIdx.x) % Tile::kChunks;
@@ -75,8 +74,9 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_p
     }
   } else {
 #pragma unroll
-    for (int it = 0; it < kTotal / kThreads; ++it) {
+    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
       const int i = it * kThreads + static_cast<int>(threadIdx.x);
+      if (kTotal % kThreads != 0 && i >= kTotal) break;
       const int r = i / Tile::kChunks;
       const int c = i % Tile::kChunks;
       const bool ok = r < valid_rows && c * 8 < num_cols;

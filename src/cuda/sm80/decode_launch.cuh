@@ -1,0 +1,28 @@
+// Host launcher of the split-KV decode kernel and its combine kernel (decode_kernel.cuh).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/check.hpp"
+#include "cuda/sm80/decode_kernel.cuh"
+
+namespace flashkv::cuda {
+
+template <int kHeadDim, class T>
+void run_decode(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = sm80::DecodeConfig<kHeadDim>;
+  auto kernel = sm80::decode_kernel<Cfg, T>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+             "cudaFuncSetAttribute(decode)");
+  const int row_tiles = (p.rows_per_kv_head + 15) / 16;
+  const dim3 grid(p.num_splits, p.num_heads_kv * row_tiles, p.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "decode kernel launch");
+  if (p.num_splits > 1) {
+    const int64_t threads = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q * 32;
+    sm80::decode_combine_kernel<kHeadDim, T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "decode combine launch");
+  }
+}
+
+}  // namespace flashkv::cuda
