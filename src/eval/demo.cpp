@@ -41,8 +41,14 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   std::vector<GenerationResult> gens;
   for (const auto& spec : formats) {
     Engine engine(model, spec, 1);
-    Sampler greedy(SamplerConfig{});
-    gens.push_back(generate(engine, res.prompt_tokens, steps, greedy));
+    // Best of 3 identical greedy runs for the decode speed (the tokens are the same every time).
+    GenerationResult best;
+    for (int rep = 0; rep < 3; ++rep) {
+      Sampler greedy(SamplerConfig{});
+      GenerationResult g = generate(engine, res.prompt_tokens, steps, greedy);
+      if (rep == 0 || g.decode_seconds < best.decode_seconds) best = std::move(g);
+    }
+    gens.push_back(std::move(best));
   }
   // 2) Teacher-forced sequences: the fp32 greedy text (prompt + generated), plus sampled ones.
   std::vector<std::vector<int32_t>> seqs;
