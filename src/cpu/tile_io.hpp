@@ -2,6 +2,7 @@
 // tile to float32; all arithmetic is float32). Addressing follows src/core/problem.hpp.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -29,6 +30,17 @@ FLASHKV_ALWAYS_INLINE int64_t lse_offset(const core::LseStrides& s, int64_t b, i
   return b * s.batch + h * s.head + (row0 + row) * s.row;
 }
 
+/// IEEE binary16 bits -> float, exact (same results as core/float16.hpp fp16_to_float, checked exhaustively by
+/// tests/cpu/test_tile_io.cpp) but branch-free so conversion loops vectorize: the 15 exponent+mantissa bits are
+/// placed in a float32 and rescaled by 2^112 (normals and subnormals alike); Inf/NaN keep an all-ones exponent.
+FLASHKV_ALWAYS_INLINE float fp16_to_float_fast(uint16_t h) {
+  const uint32_t em = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const float scaled = std::bit_cast<float>(em) * 0x1p112f;
+  const uint32_t u = em >= (0x7c00u << 13) ? (em | 0x7f800000u) : std::bit_cast<uint32_t>(scaled);
+  return std::bit_cast<float>(u | sign);
+}
+
 /// dst[r*dim + c] = float(src row r, column c), r < rows; src rows are `row_stride` elements apart.
 FLASHKV_ALWAYS_INLINE void load_rows(const void* src, DType t, int64_t row_stride, int rows, int dim,
                                      float* __restrict dst) {
@@ -38,7 +50,7 @@ FLASHKV_ALWAYS_INLINE void load_rows(const void* src, DType t, int64_t row_strid
       std::memcpy(d, static_cast<const float*>(src) + r * row_stride, sizeof(float) * dim);
     } else if (t == DType::float16) {
       const uint16_t* s = static_cast<const uint16_t*>(src) + r * row_stride;
-      for (int c = 0; c < dim; ++c) d[c] = fp16_to_float(s[c]);
+      for (int c = 0; c < dim; ++c) d[c] = fp16_to_float_fast(s[c]);
     } else {
       const uint16_t* s = static_cast<const uint16_t*>(src) + r * row_stride;
       for (int c = 0; c < dim; ++c) d[c] = bf16_to_float(s[c]);
@@ -47,22 +59,25 @@ FLASHKV_ALWAYS_INLINE void load_rows(const void* src, DType t, int64_t row_strid
 }
 
 /// Transposed load of up to kBlockN rows: dst[c*kBlockN + r] = float(src row r, column c); columns r >= rows are 0.
+/// Each row is first converted into a contiguous float32 row (vectorized), then scattered into the column layout.
 FLASHKV_ALWAYS_INLINE void load_rows_transposed(const void* src, DType t, int64_t row_stride, int rows, int dim,
                                                 float* __restrict dst) {
   for (int c = 0; c < dim; ++c) {
     for (int r = rows; r < kBlockN; ++r) dst[static_cast<int64_t>(c) * kBlockN + r] = 0.0f;
   }
+  float row[256];  // head_dim <= 256 (validated)
   for (int r = 0; r < rows; ++r) {
+    const float* converted = row;
     if (t == DType::float32) {
-      const float* s = static_cast<const float*>(src) + r * row_stride;
-      for (int c = 0; c < dim; ++c) dst[static_cast<int64_t>(c) * kBlockN + r] = s[c];
+      converted = static_cast<const float*>(src) + r * row_stride;
     } else if (t == DType::float16) {
       const uint16_t* s = static_cast<const uint16_t*>(src) + r * row_stride;
-      for (int c = 0; c < dim; ++c) dst[static_cast<int64_t>(c) * kBlockN + r] = fp16_to_float(s[c]);
+      for (int c = 0; c < dim; ++c) row[c] = fp16_to_float_fast(s[c]);
     } else {
       const uint16_t* s = static_cast<const uint16_t*>(src) + r * row_stride;
-      for (int c = 0; c < dim; ++c) dst[static_cast<int64_t>(c) * kBlockN + r] = bf16_to_float(s[c]);
+      for (int c = 0; c < dim; ++c) row[c] = bf16_to_float(s[c]);
     }
+    for (int c = 0; c < dim; ++c) dst[static_cast<int64_t>(c) * kBlockN + r] = converted[c];
   }
 }
 
