@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "eval/demo.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/report.hpp"
 #include "flashkv/engine.hpp"
@@ -26,7 +27,9 @@ struct EvalArgs {
 
 void run(CLI::App* group, const EvalArgs& a) {
   using namespace flashkv;
-  if (group->got_subcommand("kv")) return;  // `flashkv eval kv ...` is the kvcache layer's attention-level tool
+  // `flashkv eval kv ...` is the kvcache layer's attention-level tool: nothing to do here when it was given.
+  for (CLI::App* sub : group->get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "kv" && sub->parsed()) return;
   if (a.model.empty()) throw Error("model", "--model PATH (checkpoint to evaluate), or the subcommand `eval kv`", "nothing");
   if (!a.text_file.empty() && !a.tokens_file.empty()) throw Error("text/tokens", "at most one of --text and --tokens", "both");
   KVCacheSpec defaults;
@@ -41,9 +44,9 @@ void run(CLI::App* group, const EvalArgs& a) {
     std::string w;
     while (ss >> w) specs.push_back(eval::parse_format_item(w, defaults));
   }
-  if (specs.empty()) throw Error("kv-cache", "at least one format", "none");
   LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
+  if (specs.empty()) specs = eval::demo_formats(c.head_dim);
   std::vector<std::vector<int32_t>> seqs;
   std::string source;
   if (!a.text_file.empty()) {
@@ -99,7 +102,7 @@ void register_eval(CLI::App& root) {
   g->add_option("--model", args->model, "checkpoint (llama2.c or GGUF): teacher-forced A/B of KV formats vs fp32");
   g->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: embedded in a GGUF)");
   g->add_option("--kv-cache", args->kv_cache,
-                "formats to compare: DTYPE[+rN][+sN][+hadamard][+pN] ... (e.g. int8 int4 int2_kivi+r32 k:int8,v:int4)")
+                "formats to compare: DTYPE[+rN][+sN][+hadamard][+pN] ... (e.g. int8 int4 int2_kivi+r32 k:int8,v:int4; default: the demo's list)")
       ->expected(1, -1);
   g->add_option("--samples", args->samples, "sequences sampled from the fp32 model (default 8)");
   g->add_option("--length", args->length, "tokens per sampled sequence (default: the model's context)");
