@@ -239,7 +239,10 @@ struct KVMemory {
   double bf16_bytes_per_token = 0.0; ///< 2 · layers · num_heads_kv · head_dim · 2
 };
 
-/// One model + one KV cache holding up to `max_sequences` sequences of up to seq_len tokens.
+/// One model + one KV cache holding up to `max_sequences` sequences of up to seq_len tokens. `model` is referenced,
+/// not copied: it must outlive the engine. The cache is a PagedKVCache with page_size from the spec and a pool of
+/// max_sequences · (ceil(seq_len / page_size) + 1) pages. Throws Error naming 'kv_cache_dtype', 'page_size', ... for
+/// a spec the cache rejects (e.g. a KIVI group that does not divide head_dim).
 /// Not thread-safe; each call is internally parallel (OpenMP/BLAS).
 class Engine {
  public:

@@ -30,10 +30,19 @@ inline uint64_t test_seed() {
   return seed;
 }
 
+/// A file in a per-process temporary directory, removed when the test binary exits.
 inline std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("flashkv_engine_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("flashkv_engine_test_" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Dir dir;
+  return (dir.path / name).string();
 }
 
 inline std::vector<uint8_t> read_bytes(const std::string& path) {
