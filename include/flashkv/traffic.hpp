@@ -40,7 +40,7 @@ struct TrafficShape {
   bool causal = false;                 ///< bottom-right aligned (as the kernels)
   int32_t window_size_left = -1;       ///< −1 = unbounded
   int32_t window_size_right = -1;      ///< −1 = unbounded (causal forces 0)
-  int64_t block_m = 64;                ///< Br, query rows per tile (the CPU kernels use 64)
+  int64_t block_m = 128;               ///< Br, query rows per tile (the CPU forward kernels use 128)
   int64_t block_n = 64;                ///< Bc, keys per tile (the CPU kernels use 64)
   int32_t num_workers = 1;             ///< concurrent workers (threads / CTAs), for peak extra memory
 };

@@ -28,30 +28,33 @@
 namespace flashkv::cpu {
 namespace {
 
+/// Query rows per tile in the backward pass (64: the dQ tile reuses the dK tile and at_x transposes with stride Bc).
+constexpr int kBwdBlockM = 64;
+
 struct Tiles {  // per-thread scratch (float32)
   float *qf, *dof, *kt, *vt, *kf, *s, *ds, *dk, *dv, *col, *tmp, *lse, *dd;
 };
 
 int64_t scratch_floats(int64_t d, int64_t dv) {
-  return kBlockM * d + kBlockM * dv + d * kBlockN + dv * kBlockN + kBlockN * d + 2 * kBlockM * kBlockN +
-         kBlockN * d + kBlockN * dv + kBlockN * kBlockM + std::max(d, dv) + 2 * kBlockM;
+  return kBwdBlockM * d + kBwdBlockM * dv + d * kBlockN + dv * kBlockN + kBlockN * d + 2 * kBwdBlockM * kBlockN +
+         kBlockN * d + kBlockN * dv + kBlockN * kBwdBlockM + std::max(d, dv) + 2 * kBwdBlockM;
 }
 
 Tiles carve(float* ws, int64_t d, int64_t dv) {
   Tiles t;
   t.qf = ws;
-  t.dof = t.qf + kBlockM * d;
-  t.kt = t.dof + kBlockM * dv;
+  t.dof = t.qf + kBwdBlockM * d;
+  t.kt = t.dof + kBwdBlockM * dv;
   t.vt = t.kt + d * kBlockN;
   t.kf = t.vt + dv * kBlockN;
   t.s = t.kf + kBlockN * d;
-  t.ds = t.s + kBlockM * kBlockN;
-  t.dk = t.ds + kBlockM * kBlockN;
+  t.ds = t.s + kBwdBlockM * kBlockN;
+  t.dk = t.ds + kBwdBlockM * kBlockN;
   t.dv = t.dk + kBlockN * d;
   t.col = t.dv + kBlockN * dv;
-  t.tmp = t.col + kBlockN * kBlockM;  // col: a transposed [kBlockN][kBlockM] tile
+  t.tmp = t.col + kBlockN * kBwdBlockM;  // col: a transposed [kBlockN][kBwdBlockM] tile
   t.lse = t.tmp + std::max(d, dv);
-  t.dd = t.lse + kBlockM;
+  t.dd = t.lse + kBwdBlockM;
   return t;
 }
 
@@ -143,8 +146,8 @@ void dkdv_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, 
   }
   const int64_t g = p.group_size();
   for (int64_t h = hk * g; h < (hk + 1) * g && qfirst < qlast; ++h) {
-    for (int64_t q0 = qfirst; q0 < qlast; q0 += kBlockM) {
-      const int rows = static_cast<int>(std::min<int64_t>(kBlockM, qlast - q0));
+    for (int64_t q0 = qfirst; q0 < qlast; q0 += kBwdBlockM) {
+      const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockM, qlast - q0));
       load_query_side(p, dbuf, b, h, q0, rows, t);
       p_and_ds(p, mask, t, rows, kc, q0, k0);
       at_x(t.s, rows, kc, t.dof, dv, t.dv, t.col);   // dV += Pᵀ·dO
@@ -167,14 +170,14 @@ void dq_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, in
   const int dv = static_cast<int>(p.head_dim_v);
   const int64_t len_q = p.seqlen_q_of(b);
   const int64_t len_k = p.seqlen_k_of(b);
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockM, len_q - q0));
+  const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockM, len_q - q0));
   const int64_t hk = h / p.group_size();
   const int64_t row0_q = p.q_begin(b);
   const int64_t row0_k = p.k_begin(b);
   const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
   const Tiles t = carve(ws, d, dv);
-  float* dq = t.dk;  // reuse: [rows][d] fits in the dK tile (kBlockM == kBlockN)
-  static_assert(kBlockM == kBlockN, "dQ reuses the dK tile; at_x transposes with stride kBlockN");
+  float* dq = t.dk;  // reuse: [rows][d] fits in the dK tile (kBwdBlockM == kBlockN)
+  static_assert(kBwdBlockM == kBlockN, "dQ reuses the dK tile; at_x transposes with stride kBlockN");
   std::fill(dq, dq + static_cast<int64_t>(rows) * d, 0.0f);
   int64_t kf = 0, kl = 0;
   mask.block_key_range(q0, q0 + rows, &kf, &kl);
@@ -227,7 +230,7 @@ void backward(const core::AttentionProblem& p) {
   const int64_t per_thread = scratch_floats(p.head_dim, p.head_dim_v);
   std::vector<float> scratch(static_cast<std::size_t>(per_thread) * threads);
   std::vector<float> dbuf(static_cast<std::size_t>(p.num_heads * p.total_q));
-  const int64_t num_qb = (p.max_seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t num_qb = (p.max_seqlen_q + kBwdBlockM - 1) / kBwdBlockM;
   const int64_t num_kb = (p.max_seqlen_k + kBlockN - 1) / kBlockN;
   const int64_t bh = p.batch * p.num_heads;
   const int64_t kv_items = p.batch * p.num_heads_kv * num_kb;
@@ -250,7 +253,7 @@ void backward(const core::AttentionProblem& p) {
       const int64_t qb = num_qb - 1 - it % num_qb;
       const int64_t b = it / num_qb / p.num_heads;
       const int64_t h = it / num_qb % p.num_heads;
-      if (qb * kBlockM < p.seqlen_q_of(b)) dq_item(p, dbuf, b, h, qb * kBlockM, ws);
+      if (qb * kBwdBlockM < p.seqlen_q_of(b)) dq_item(p, dbuf, b, h, qb * kBwdBlockM, ws);
     }
   }
 }
