@@ -104,6 +104,7 @@ TEST(Sources, TokenFilesAndText) {
   std::ofstream(p) << "\n\n";
   EXPECT_THROW(sequences_from_token_file(p, 10, 4), IoError);
   EXPECT_THROW(sequences_from_token_file(p + ".missing", 10, 4), IoError);
+  std::filesystem::remove(p);
   Tokenizer tok({"<unk>", "<s>", "</s>", " ", "a"}, {0, 0, 0, 0, 0});
   auto t = sequences_from_text(tok, "aaaaaaa", 4);  // " aaaaaaa" = 8 tokens → chunks of 3 after BOS
   ASSERT_EQ(t.size(), 3u);
@@ -163,5 +164,6 @@ TEST(Evaluate, Fp32AgainstItselfIsExactAndRowsCarryBytes) {
   std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(content.rfind("<svg", 0), 0u);
   EXPECT_NE(content.find(">int4<"), std::string::npos);
+  std::filesystem::remove(svg);
   EXPECT_THROW(write_kl_plot_svg(rows, "t", "/nonexistent-dir/x.svg"), IoError);
 }
