@@ -87,9 +87,9 @@ enum class KVFormat : int32_t {
   fp8_e4m3 = 3,
   fp8_e5m2 = 4,
   int8 = 5,       ///< asymmetric, per (token, kv-head[, channel group])
-  int4 = 6,       ///< asymmetric, per (token, kv-head[, channel group]); two codes per byte, low nibble first
+  int4 = 6,       ///< asymmetric, per (token, kv-head[, channel group]); two codes per byte (planar: byte i = elements i, i+d/2)
   int4_kivi = 7,  ///< KIVI: K per channel over G tokens, V per token over G channels; two codes per byte
-  int2_kivi = 8,  ///< KIVI 2-bit; four codes per byte, lowest bits first
+  int2_kivi = 8,  ///< KIVI 2-bit; four codes per byte (planar: bits 2k..2k+1 of byte i = element i + k·d/4)
 };
 
 /// One half's format with its parameters.

@@ -132,12 +132,14 @@ void quantize_asym(const float* x, int32_t n, int32_t stride, int32_t qmax, uint
 void pack_codes(const uint8_t* codes, int32_t n, int32_t bits, uint8_t* out) {
   if (bits == 8) {
     std::memcpy(out, codes, static_cast<size_t>(n));
-  } else if (bits == 4) {
-    for (int32_t i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>((codes[2 * i] & 0xF) | (codes[2 * i + 1] << 4));
-  } else {
-    for (int32_t i = 0; i < n / 4; ++i) {
-      out[i] = static_cast<uint8_t>((codes[4 * i] & 3) | ((codes[4 * i + 1] & 3) << 2) | ((codes[4 * i + 2] & 3) << 4) |
-                                    ((codes[4 * i + 3] & 3) << 6));
+  } else if (bits == 4) {  // planar: byte i = element i (low nibble) | element i + n/2 (high nibble)
+    const int32_t h = n / 2;
+    for (int32_t i = 0; i < h; ++i) out[i] = static_cast<uint8_t>((codes[i] & 0xF) | ((codes[i + h] & 0xF) << 4));
+  } else {  // planar: bits 2k..2k+1 of byte i = element i + k·n/4
+    const int32_t q = n / 4;
+    for (int32_t i = 0; i < q; ++i) {
+      out[i] = static_cast<uint8_t>((codes[i] & 3) | ((codes[i + q] & 3) << 2) | ((codes[i + 2 * q] & 3) << 4) |
+                                    ((codes[i + 3 * q] & 3) << 6));
     }
   }
 }
@@ -146,16 +148,15 @@ void unpack_codes(const uint8_t* packed, int32_t n, int32_t bits, uint8_t* codes
   if (bits == 8) {
     std::memcpy(codes, packed, static_cast<size_t>(n));
   } else if (bits == 4) {
-    for (int32_t i = 0; i < n / 2; ++i) {
-      codes[2 * i] = packed[i] & 0xF;
-      codes[2 * i + 1] = packed[i] >> 4;
+    const int32_t h = n / 2;
+    for (int32_t i = 0; i < h; ++i) {
+      codes[i] = packed[i] & 0xF;
+      codes[i + h] = packed[i] >> 4;
     }
   } else {
-    for (int32_t i = 0; i < n / 4; ++i) {
-      codes[4 * i] = packed[i] & 3;
-      codes[4 * i + 1] = (packed[i] >> 2) & 3;
-      codes[4 * i + 2] = (packed[i] >> 4) & 3;
-      codes[4 * i + 3] = packed[i] >> 6;
+    const int32_t q = n / 4;
+    for (int32_t i = 0; i < q; ++i) {
+      for (int k = 0; k < 4; ++k) codes[i + k * q] = (packed[i] >> (2 * k)) & 3;
     }
   }
 }
@@ -173,10 +174,32 @@ void decode_bf16_row(const uint8_t* __restrict src, int64_t n, float* __restrict
   }
 }
 
+/// fp8 codes of one tile -> float, branch-free and without denormal intermediates (which would take microcode
+/// assists): normals by placing exponent and mantissa into float bits (exponent rebias +120 for E4M3, +112 for E5M2),
+/// subnormals as mantissa · 2^-9 (E4M3) / 2^-16 (E5M2); codes are never NaN (encoding saturates).
+/// x̂ = fp8 · scale, scale static or per token (dynamic, float32 in the metadata).
 FLASHKV_CPU_CLONES
-void decode_fp8_row(const uint8_t* __restrict src, int64_t n, const float* __restrict lut, float scale,
-                    float* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = lut[src[i]] * scale;
+void decode_fp8_tile(const uint8_t* __restrict codes, const uint8_t* __restrict meta, int32_t slot, int32_t n,
+                     int32_t d, bool e4m3, bool dynamic, float static_scale, float* __restrict out) {
+  const uint32_t mbits = e4m3 ? 3 : 2;
+  const uint32_t rebias = e4m3 ? 120 : 112;
+  const float sub_unit = e4m3 ? 0.001953125f /* 2^-9 */ : 1.52587890625e-05f /* 2^-16 */;
+  for (int32_t t = 0; t < n; ++t) {
+    const uint8_t* src = codes + static_cast<int64_t>(slot + t) * d;
+    float scale = static_scale;
+    if (dynamic) std::memcpy(&scale, meta + static_cast<int64_t>(slot + t) * 4, 4);
+    float* o = out + static_cast<int64_t>(t) * d;
+    for (int32_t c = 0; c < d; ++c) {
+      const uint32_t b = src[c];
+      const uint32_t mag = b & 0x7Fu;
+      const uint32_t e = mag >> mbits;
+      const uint32_t m = mag & ((1u << mbits) - 1u);
+      const float normal = bits_to_float(((e + rebias) << 23) | (m << (23 - mbits)));
+      const float sub = static_cast<float>(m) * sub_unit;
+      const float v = (e == 0 ? sub : normal) * scale;
+      o[c] = (b & 0x80u) ? -v : v;
+    }
+  }
 }
 
 // ---- float codecs (fp32 / bf16 / fp16) ------------------------------------------------------------------------------
@@ -230,7 +253,6 @@ class Fp8Codec final : public KVCodec {
     scales_.assign(static_cast<size_t>(heads), 1.0f);
     if (scales.size() == 1) scales_.assign(static_cast<size_t>(heads), scales[0]);
     if (scales.size() == static_cast<size_t>(heads)) scales_ = scales;
-    lut_ = e4m3_ ? fp8_tables().e4m3 : fp8_tables().e5m2;
   }
   void encode(int32_t head, const float* x, int32_t n, uint8_t* codes, uint8_t* meta, int32_t slot) const override {
     for (int32_t t = 0; t < n; ++t) {
@@ -249,19 +271,12 @@ class Fp8Codec final : public KVCodec {
   }
   void decode(int32_t head, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
               float* out) const override {
-    for (int32_t t = 0; t < n; ++t) {
-      const uint8_t* src = codes + static_cast<int64_t>(slot + t) * head_dim_;
-      float scale = scales_[static_cast<size_t>(head)];
-      if (spec_.dynamic_scale) std::memcpy(&scale, meta + static_cast<int64_t>(slot + t) * 4, 4);
-      float* o = out + static_cast<int64_t>(t) * head_dim_;
-      decode_fp8_row(src, head_dim_, lut_, scale, o);
-    }
+    decode_fp8_tile(codes, meta, slot, n, head_dim_, e4m3_, spec_.dynamic_scale, scales_[static_cast<size_t>(head)], out);
   }
 
  private:
   bool e4m3_;
   std::vector<float> scales_;
-  const float* lut_;
 };
 
 }  // namespace

@@ -5,8 +5,9 @@
 // PAGE-HEAD LAYOUT. A codec works on one (page, layer, half, kv-head) block:
 //   codes: page_size slots × code_bytes_per_token_head bytes, slot-major (slot s at codes + s·code_bytes)
 //   meta:  page_size / tokens_per_group groups × meta_bytes_per_group bytes (the parallel per-page metadata array)
-// Packing: int4 two codes per byte (element 2i in the low nibble, 2i+1 in the high nibble); int2 four per byte
-// (element 4i in bits 0–1, ..., 4i+3 in bits 6–7); fp16/bf16 little-endian uint16; fp32 little-endian float.
+// Packing of one token-head vector of d codes is PLANAR so that unpacking is unit-stride SIMD: int4 two codes per
+// byte, byte i holds element i (low nibble) and element i + d/2 (high nibble); int2 four per byte, bits 2k..2k+1 of
+// byte i hold element i + k·d/4 (k = 0..3). fp16/bf16 little-endian uint16; fp32 little-endian float.
 // Metadata: int8/int4 and KIVI-V: per (token, channel group) [fp16 scale, fp16 min]; KIVI-K: per group of G tokens
 // [fp16 scale × head_dim][fp16 min × head_dim]; fp8 dynamic: float32 scale per token.
 #pragma once

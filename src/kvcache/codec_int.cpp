@@ -13,54 +13,82 @@ namespace flashkv::kv {
 
 namespace {
 
+/// fp16 bits -> float for finite values (normals and subnormals exact; the metadata of written slots is always finite):
+/// shift exponent+mantissa into float position and rebias by multiplying with 2^112. Branch-free, vectorizable.
+inline float half_to_float_finite(uint16_t h) {
+  const float mag = bits_to_float(static_cast<uint32_t>(h & 0x7fffu) << 13) * 5.192296858534828e33f;  // 2^112
+  return bits_to_float(float_to_bits(mag) | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+
 inline void load_meta(const uint8_t* p, float* scale, float* mn) {
   uint16_t s, m;
   std::memcpy(&s, p, 2);
   std::memcpy(&m, p + 2, 2);
-  *scale = fp16_to_float(s);
-  *mn = fp16_to_float(m);
+  *scale = half_to_float_finite(s);
+  *mn = half_to_float_finite(m);
 }
 
-/// Decodes `n` packed codes of `bits` with x̂ = mn + scale · code into out (vectorizable inner loops).
-FLASHKV_CPU_CLONES
-void decode_affine(const uint8_t* src, int32_t n, int32_t bits, float scale, float mn, float* out) {
+/// Unpacks the planar codes of one token-head (d values; layout in codec.hpp) into floats (code values, no affine).
+/// Every loop has unit stride and vectorizes.
+FLASHKV_ALWAYS_INLINE void codes_to_float(const uint8_t* __restrict src, int32_t d, int32_t bits, float* __restrict o) {
   if (bits == 8) {
-    for (int32_t i = 0; i < n; ++i) out[i] = mn + scale * static_cast<float>(src[i]);
+    for (int32_t i = 0; i < d; ++i) o[i] = static_cast<float>(src[i]);
   } else if (bits == 4) {
-    for (int32_t i = 0; i < n / 2; ++i) {
-      const uint8_t b = src[i];
-      out[2 * i] = mn + scale * static_cast<float>(b & 0xF);
-      out[2 * i + 1] = mn + scale * static_cast<float>(b >> 4);
-    }
+    const int32_t h = d / 2;
+    for (int32_t i = 0; i < h; ++i) o[i] = static_cast<float>(src[i] & 0xF);
+    for (int32_t i = 0; i < h; ++i) o[i + h] = static_cast<float>(src[i] >> 4);
   } else {
-    for (int32_t i = 0; i < n / 4; ++i) {
-      const uint8_t b = src[i];
-      out[4 * i] = mn + scale * static_cast<float>(b & 3);
-      out[4 * i + 1] = mn + scale * static_cast<float>((b >> 2) & 3);
-      out[4 * i + 2] = mn + scale * static_cast<float>((b >> 4) & 3);
-      out[4 * i + 3] = mn + scale * static_cast<float>(b >> 6);
+    const int32_t q = d / 4;
+    for (int32_t i = 0; i < q; ++i) o[i] = static_cast<float>(src[i] & 3);
+    for (int32_t i = 0; i < q; ++i) o[i + q] = static_cast<float>((src[i] >> 2) & 3);
+    for (int32_t i = 0; i < q; ++i) o[i + 2 * q] = static_cast<float>((src[i] >> 4) & 3);
+    for (int32_t i = 0; i < q; ++i) o[i + 3 * q] = static_cast<float>(src[i] >> 6);
+  }
+}
+
+/// Per-token codes of one tile: slots [slot, slot + n), groups of `group` channels with [fp16 scale, fp16 min] each.
+/// One call per tile (compiled per ISA, see FLASHKV_CPU_CLONES) so the inner loops inline and vectorize.
+FLASHKV_CPU_CLONES
+void decode_token_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t group,
+                       int32_t bits, float* out) {
+  const int32_t ng = d / group;
+  const int64_t cb = static_cast<int64_t>(d) * bits / 8;
+  for (int32_t t = 0; t < n; ++t) {
+    const uint8_t* m = meta + static_cast<int64_t>(slot + t) * ng * 4;
+    float* o = out + static_cast<int64_t>(t) * d;
+    codes_to_float(codes + (slot + t) * cb, d, bits, o);
+    for (int32_t g = 0; g < ng; ++g) {
+      float scale, mn;
+      load_meta(m + g * 4, &scale, &mn);
+      float* og = o + g * group;
+      for (int32_t i = 0; i < group; ++i) og[i] = mn + scale * og[i];
     }
   }
 }
 
-/// KIVI keys: x̂[c] = mn[c] + sc[c] · code[c] (per-channel scale and min of the token's group).
+/// KIVI key codes of one tile: per-channel [fp16 scale × d][fp16 min × d] per group of G tokens.
 FLASHKV_CPU_CLONES
-void decode_channelwise(const uint8_t* __restrict src, int32_t d, int32_t bits, const float* __restrict sc,
-                        const float* __restrict mn, float* __restrict o) {
-  if (bits == 4) {
-    for (int32_t i = 0; i < d / 2; ++i) {
-      const uint8_t b = src[i];
-      o[2 * i] = mn[2 * i] + sc[2 * i] * static_cast<float>(b & 0xF);
-      o[2 * i + 1] = mn[2 * i + 1] + sc[2 * i + 1] * static_cast<float>(b >> 4);
+void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t G,
+                          int32_t bits, int64_t meta_group_bytes, float* out) {
+  const int64_t cb = static_cast<int64_t>(d) * bits / 8;
+  float sc[256], mn[256];
+  int32_t cur_group = -1;
+  for (int32_t t = 0; t < n; ++t) {
+    const int32_t gi = (slot + t) / G;
+    if (gi != cur_group) {
+      const uint8_t* m = meta + static_cast<int64_t>(gi) * meta_group_bytes;
+      for (int32_t c = 0; c < d; ++c) {
+        uint16_t s, z;
+        std::memcpy(&s, m + 2 * c, 2);
+        std::memcpy(&z, m + 2 * (d + c), 2);
+        sc[c] = half_to_float_finite(s);
+        mn[c] = half_to_float_finite(z);
+      }
+      cur_group = gi;
     }
-  } else {
-    for (int32_t i = 0; i < d / 4; ++i) {
-      const uint8_t b = src[i];
-      o[4 * i] = mn[4 * i] + sc[4 * i] * static_cast<float>(b & 3);
-      o[4 * i + 1] = mn[4 * i + 1] + sc[4 * i + 1] * static_cast<float>((b >> 2) & 3);
-      o[4 * i + 2] = mn[4 * i + 2] + sc[4 * i + 2] * static_cast<float>((b >> 4) & 3);
-      o[4 * i + 3] = mn[4 * i + 3] + sc[4 * i + 3] * static_cast<float>(b >> 6);
-    }
+    float* o = out + static_cast<int64_t>(t) * d;
+    codes_to_float(codes + (slot + t) * cb, d, bits, o);
+    for (int32_t c = 0; c < d; ++c) o[c] = mn[c] + sc[c] * o[c];
   }
 }
 
@@ -89,19 +117,7 @@ class IntTokenCodec final : public KVCodec {
 
   void decode(int32_t, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
               float* out) const override {
-    const int32_t ng = head_dim_ / group_;
-    const int64_t cb = bytes_.code_bytes_per_token_head;
-    const int32_t gbytes = group_ * bits_ / 8;
-    for (int32_t t = 0; t < n; ++t) {
-      const uint8_t* src = codes + (slot + t) * cb;
-      const uint8_t* m = meta + static_cast<int64_t>(slot + t) * ng * 4;
-      float* o = out + static_cast<int64_t>(t) * head_dim_;
-      for (int32_t g = 0; g < ng; ++g) {
-        float scale, mn;
-        load_meta(m + g * 4, &scale, &mn);
-        decode_affine(src + g * gbytes, group_, bits_, scale, mn, o + g * group_);
-      }
-    }
+    decode_token_tile(codes, meta, slot, n, head_dim_, group_, bits_, out);
   }
 
  private:
@@ -135,26 +151,8 @@ class KiviKeyCodec final : public KVCodec {
 
   void decode(int32_t, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
               float* out) const override {
-    const int32_t G = bytes_.tokens_per_group;
-    const int64_t cb = bytes_.code_bytes_per_token_head;
-    std::array<float, 256> sc{}, mn{};
-    int32_t cur_group = -1;
-    for (int32_t t = 0; t < n; ++t) {
-      const int32_t gi = (slot + t) / G;
-      if (gi != cur_group) {
-        const uint8_t* m = meta + static_cast<int64_t>(gi) * bytes_.meta_bytes_per_group;
-        for (int32_t c = 0; c < head_dim_; ++c) {
-          uint16_t s, z;
-          std::memcpy(&s, m + 2 * c, 2);
-          std::memcpy(&z, m + 2 * (head_dim_ + c), 2);
-          sc[static_cast<size_t>(c)] = fp16_to_float(s);
-          mn[static_cast<size_t>(c)] = fp16_to_float(z);
-        }
-        cur_group = gi;
-      }
-      decode_channelwise(codes + (slot + t) * cb, head_dim_, bits_, sc.data(), mn.data(),
-                         out + static_cast<int64_t>(t) * head_dim_);
-    }
+    decode_kivi_key_tile(codes, meta, slot, n, head_dim_, bytes_.tokens_per_group, bits_, bytes_.meta_bytes_per_group,
+                         out);
   }
 
  private:

@@ -81,19 +81,24 @@ TEST(KVCodecFp16, DirectedRounding) {
 }
 
 TEST(KVCodecPacking, HandComputedBytes) {
+  // planar int4: byte i = element i (low nibble) | element i + n/2 (high nibble)
   const uint8_t codes4[4] = {0x1, 0xF, 0x7, 0x8};
   uint8_t out4[2];
   pack_codes(codes4, 4, 4, out4);
-  EXPECT_EQ(out4[0], 0xF1);  // element 0 low nibble, element 1 high nibble
-  EXPECT_EQ(out4[1], 0x87);
+  EXPECT_EQ(out4[0], 0x71);  // elements 0 (1) and 2 (7)
+  EXPECT_EQ(out4[1], 0x8F);  // elements 1 (F) and 3 (8)
+  // planar int2: bits 2k..2k+1 of byte i = element i + k·n/4
   const uint8_t codes2[8] = {1, 2, 3, 0, 0, 3, 3, 1};
   uint8_t out2[2];
   pack_codes(codes2, 8, 2, out2);
-  EXPECT_EQ(out2[0], 0x39);  // 1 | 2<<2 | 3<<4 | 0<<6 = 0b00111001
-  EXPECT_EQ(out2[1], 0x7C);  // 0 | 3<<2 | 3<<4 | 1<<6 = 0b01111100
+  EXPECT_EQ(out2[0], 0xCD);  // elements 0, 2, 4, 6 = 1, 3, 0, 3 -> 1 | 3<<2 | 0<<4 | 3<<6 = 0b11001101
+  EXPECT_EQ(out2[1], 0x72);  // elements 1, 3, 5, 7 = 2, 0, 3, 1 -> 2 | 0<<2 | 3<<4 | 1<<6 = 0b01110010
   uint8_t back[8];
   unpack_codes(out2, 8, 2, back);
   EXPECT_EQ(std::memcmp(back, codes2, 8), 0);
+  uint8_t back4[4];
+  unpack_codes(out4, 4, 4, back4);
+  EXPECT_EQ(std::memcmp(back4, codes4, 4), 0);
 }
 
 TEST(KVCodecInt, Int4TokenLayoutByHand) {
@@ -102,8 +107,8 @@ TEST(KVCodecInt, Int4TokenLayoutByHand) {
   PageHead ph(*codec, 16);
   const float x[4] = {0.0f, 1.0f, 2.0f, 3.0f};
   codec->encode(0, x, 1, ph.codes.data(), ph.meta.data(), 2);  // slot 2
-  EXPECT_EQ(ph.codes[4], 0x50);  // slot 2 starts at byte 2·2; codes 0 | 5<<4
-  EXPECT_EQ(ph.codes[5], 0xFA);  // 10 | 15<<4
+  EXPECT_EQ(ph.codes[4], 0xA0);  // slot 2 starts at byte 2·2; planar: elements 0 and 2 -> 0 | 10<<4
+  EXPECT_EQ(ph.codes[5], 0xF5);  // elements 1 and 3 -> 5 | 15<<4
   EXPECT_EQ(ph.codes[0], 0xFF);  // untouched slots
   uint16_t sc, mn;
   std::memcpy(&sc, ph.meta.data() + 2 * 4, 2);
@@ -257,4 +262,21 @@ TEST(KVCodec, Fp8StaticPerHeadScale) {
   codec->encode(0, x.data(), 1, ph.codes.data(), ph.meta.data(), 1);  // 1000/0.5 = 2000 saturates at 448
   codec->decode(0, ph.codes.data(), ph.meta.data(), 1, 1, y.data());
   EXPECT_EQ(y[0], 448.0f * 0.5f);
+}
+
+TEST(KVCodecFp8, TileDecodeExactOnEveryCode) {
+  // every finite fp8 value (subnormals included) survives encode + the branch-free tile decode exactly (scale 1)
+  for (const char* f : {"fp8_e4m3", "fp8_e5m2"}) {
+    const bool e4m3 = std::string(f) == "fp8_e4m3";
+    auto codec = make_codec(parse_kv_format(f), true, 256, 16, 1, {});
+    PageHead ph(*codec, 16);
+    std::vector<float> x(256), y(256);
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_to_float(static_cast<uint8_t>(c), e4m3);
+      x[static_cast<size_t>(c)] = std::isfinite(v) ? v : 0.0f;
+    }
+    codec->encode(0, x.data(), 1, ph.codes.data(), ph.meta.data(), 3);
+    codec->decode(0, ph.codes.data(), ph.meta.data(), 3, 1, y.data());
+    for (int c = 0; c < 256; ++c) EXPECT_EQ(y[static_cast<size_t>(c)], x[static_cast<size_t>(c)]) << f << " code " << c;
+  }
 }

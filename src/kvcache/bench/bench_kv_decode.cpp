@@ -5,7 +5,7 @@
 // cache bytes read per step; ratios vs bf16 are computed by bench/results/cpu-decode-*.md.
 //
 //   build/<dir>/bin/bench_kv_decode --benchmark_format=json --benchmark_out=bench/results/cpu-decode-<date>.json
-//   env: FLASHKV_BENCH_CONTEXTS="4096,8192,16384,32768"  FLASHKV_BENCH_PAGE_SIZE=64
+//   env: FLASHKV_BENCH_CONTEXTS="4096,8192,16384,32768"  FLASHKV_BENCH_PAGE_SIZE=64  FLASHKV_BENCH_THREADS=0 (all)
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -19,6 +19,11 @@
 namespace {
 
 constexpr int32_t kHeadsKV = 8, kHeads = 32, kHeadDim = 128;
+
+int32_t num_threads() {
+  const char* e = std::getenv("FLASHKV_BENCH_THREADS");
+  return e ? std::atoi(e) : 0;
+}
 
 int32_t page_size() {
   const char* e = std::getenv("FLASHKV_BENCH_PAGE_SIZE");
@@ -62,8 +67,10 @@ void BM_decode(benchmark::State& state, const std::string& dtype) {
   const int32_t cu[] = {0, 1};
   const auto qv = flashkv::TensorView::contiguous(q.data(), flashkv::DType::float32, {1, kHeads, kHeadDim});
   const auto ov = flashkv::TensorView::contiguous(out.data(), flashkv::DType::float32, {1, kHeads, kHeadDim});
+  flashkv::KVAttentionOptions opt;
+  opt.num_threads = num_threads();
   for (auto _ : state) {
-    cache.attention(ids, cu, 0, qv, ov, nullptr);
+    cache.attention(ids, cu, 0, qv, ov, nullptr, opt);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
