@@ -88,15 +88,15 @@ def ceilings():
     n = 2 ** 30
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    copy = 2 * n / bench(lambda: b.copy_(a)) / 1e9
+    copy = 2 * n / bench(lambda: b.copy_(a)) / 1e9  # TB/s (bytes / ms / 1e9)
     x = torch.randn(n // 2, dtype=DT, device="cuda")
-    read = n / bench(lambda: x.sum()) / 1e9  # bytes read / time (output is one scalar)
+    read = n / bench(lambda: x.sum()) / 1e9  # TB/s read (output is one scalar)
     A = torch.randn(8192, 8192, dtype=DT, device="cuda")
     B = torch.randn_like(A)
     gemm = 2 * 8192 ** 3 / bench(lambda: A @ B) / 1e9
     del a, b, x, A, B
     torch.cuda.empty_cache()
-    return {"copy_TBps": copy / 1e3, "read_TBps": read / 1e3, "bf16_gemm_TFLOPs": gemm}
+    return {"copy_TBps": copy, "read_TBps": read, "bf16_gemm_TFLOPs": gemm}
 
 
 def prefill(dims, seqlens, modes, check):
