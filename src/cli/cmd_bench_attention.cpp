@@ -211,6 +211,10 @@ int run(const BenchArgs& a) {
         opt.causal = a.causal;
         opt.algorithm = alg;
         opt.num_threads = a.threads;
+        if (!a.quiet) {
+          fmt::print(stderr, "[{}/{}] {} seqlen={} head_dim={}: running {} call(s) of {:.1f} GFLOP each...\n", done,
+                     total, r.variant, seqlen, d, a.repeats, flops * 1e-9);
+        }
         std::vector<double> ms;
         for (int rep = 0; rep < a.repeats; ++rep) {
           std::unique_ptr<PeakRssProbe> probe;
