@@ -35,7 +35,7 @@ def forward_lowp(q, k, v, dtype, causal=False, window_size=(-1, -1), softcap=0.0
         s = r(np.float32(softcap) * np.tanh(s / np.float32(softcap)))
     mask = visible_mask(q.shape[1], k.shape[1], causal, window_size)[None, None]
     s = np.where(mask, s, -np.inf).astype(np.float32)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0.0).astype(np.float32)
     p = np.where(mask, np.exp(s - m), 0.0).astype(np.float32)
     l = p.sum(axis=-1, keepdims=True)
@@ -57,7 +57,7 @@ def backward_lowp(dout, q, k, v, dtype, causal=False, window_size=(-1, -1), soft
         s, dcap = r(np.float32(softcap) * t), (1.0 - t * t).astype(np.float32)
     mask = visible_mask(q.shape[1], k.shape[1], causal, window_size)[None, None]
     s = np.where(mask, s, -np.inf).astype(np.float32)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0.0).astype(np.float32)
     p = np.where(mask, np.exp(s - m), 0.0).astype(np.float32)
     p = r(p / np.where(p.sum(axis=-1, keepdims=True) > 0, p.sum(axis=-1, keepdims=True), 1.0))
@@ -67,5 +67,5 @@ def backward_lowp(dout, q, k, v, dtype, causal=False, window_size=(-1, -1), soft
     dq = r(np.einsum("bhij,bjhd->bihd", ds, ke, dtype=np.float32))
     dk_e = r(np.einsum("bhij,bihd->bjhd", ds, q, dtype=np.float32))
     g = h // hkv
-    b, sk = k.shape[0], k.shape[1]
-    return dq, r(dk_e.reshape(b, sk, hkv, g, -1).sum(axis=3)), r(dv_e.reshape(b, sk, hkv, g, -1).sum(axis=3))
+    b, sk, d, dv = k.shape[0], k.shape[1], k.shape[3], v.shape[3]
+    return dq, r(dk_e.reshape(b, sk, hkv, g, d).sum(axis=3)), r(dv_e.reshape(b, sk, hkv, g, dv).sum(axis=3))

@@ -40,7 +40,7 @@ def attention_ref(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, soft
     s, _ = _scores(q, k, scale, softcap)
     mask = visible_mask(q.shape[1], k.shape[1], causal, window_size)[None, None]
     s = np.where(mask, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     any_visible = np.isfinite(m)
     m = np.where(any_visible, m, 0.0)
     p = np.where(mask, np.exp(s - m), 0.0)
@@ -60,7 +60,7 @@ def attention_backward_ref(dout, q, k, v, causal=False, window_size=(-1, -1), so
     s, dcap = _scores(q, ke, scale, softcap)
     mask = visible_mask(q.shape[1], k.shape[1], causal, window_size)[None, None]
     s = np.where(mask, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0.0)
     p = np.where(mask, np.exp(s - m), 0.0)
     l = p.sum(axis=-1, keepdims=True)
@@ -72,6 +72,6 @@ def attention_backward_ref(dout, q, k, v, causal=False, window_size=(-1, -1), so
     dk_e = np.einsum("bhij,bihd->bjhd", ds, q)
     g = h // hkv
     b, sk = k.shape[0], k.shape[1]
-    dk = dk_e.reshape(b, sk, hkv, g, -1).sum(axis=3)
-    dv = dv_e.reshape(b, sk, hkv, g, -1).sum(axis=3)
+    dk = dk_e.reshape(b, sk, hkv, g, dk_e.shape[-1]).sum(axis=3)
+    dv = dv_e.reshape(b, sk, hkv, g, dv_e.shape[-1]).sum(axis=3)
     return dq, dk, dv
