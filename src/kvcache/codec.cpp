@@ -3,6 +3,7 @@
 #include "kvcache/codec.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -175,29 +176,39 @@ void decode_bf16_row(const uint8_t* __restrict src, int64_t n, float* __restrict
 }
 
 /// fp8 codes of one tile -> float, branch-free and without denormal intermediates (which would take microcode
-/// assists): normals by placing exponent and mantissa into float bits (exponent rebias +120 for E4M3, +112 for E5M2),
-/// subnormals as mantissa · 2^-9 (E4M3) / 2^-16 (E5M2); codes are never NaN (encoding saturates).
-/// x̂ = fp8 · scale, scale static or per token (dynamic, float32 in the metadata).
+/// assists): a normal code's 7 magnitude bits shifted into float position plus the exponent rebias (E4M3: << 20,
+/// +120; E5M2: << 21, +112) is exactly its float bit pattern; subnormal codes (exponent 0) are mantissa · 2^-9 (E4M3)
+/// / 2^-16 (E5M2). Codes are never NaN (encoding saturates). x̂ = fp8 · scale, scale static or per token (dynamic,
+/// float32 in the metadata).
+template <bool kE4M3>
+FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int32_t d, float scale,
+                                          float* __restrict o) {
+  constexpr uint32_t kShift = kE4M3 ? 20 : 21;
+  constexpr uint32_t kRebias = (kE4M3 ? 120u : 112u) << 23;
+  constexpr uint32_t kMinNormal = kE4M3 ? 8 : 4;  // smallest magnitude code with exponent 1
+  constexpr float kSubUnit = kE4M3 ? 0.001953125f : 1.52587890625e-05f;
+  for (int32_t c = 0; c < d; ++c) {
+    const uint32_t b = src[c];
+    const uint32_t mag = b & 0x7Fu;
+    const uint32_t normal = (mag << kShift) + kRebias;
+    const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(mag)) * kSubUnit);
+    const float v = std::bit_cast<float>(mag < kMinNormal ? sub : normal) * scale;
+    o[c] = std::bit_cast<float>(std::bit_cast<uint32_t>(v) | ((b & 0x80u) << 24));
+  }
+}
+
 FLASHKV_CPU_CLONES
 void decode_fp8_tile(const uint8_t* __restrict codes, const uint8_t* __restrict meta, int32_t slot, int32_t n,
                      int32_t d, bool e4m3, bool dynamic, float static_scale, float* __restrict out) {
-  const uint32_t mbits = e4m3 ? 3 : 2;
-  const uint32_t rebias = e4m3 ? 120 : 112;
-  const float sub_unit = e4m3 ? 0.001953125f /* 2^-9 */ : 1.52587890625e-05f /* 2^-16 */;
   for (int32_t t = 0; t < n; ++t) {
     const uint8_t* src = codes + static_cast<int64_t>(slot + t) * d;
     float scale = static_scale;
     if (dynamic) std::memcpy(&scale, meta + static_cast<int64_t>(slot + t) * 4, 4);
     float* o = out + static_cast<int64_t>(t) * d;
-    for (int32_t c = 0; c < d; ++c) {
-      const uint32_t b = src[c];
-      const uint32_t mag = b & 0x7Fu;
-      const uint32_t e = mag >> mbits;
-      const uint32_t m = mag & ((1u << mbits) - 1u);
-      const float normal = bits_to_float(((e + rebias) << 23) | (m << (23 - mbits)));
-      const float sub = static_cast<float>(m) * sub_unit;
-      const float v = (e == 0 ? sub : normal) * scale;
-      o[c] = (b & 0x80u) ? -v : v;
+    if (e4m3) {
+      decode_fp8_row<true>(src, d, scale, o);
+    } else {
+      decode_fp8_row<false>(src, d, scale, o);
     }
   }
 }

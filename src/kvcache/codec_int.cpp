@@ -28,41 +28,48 @@ inline void load_meta(const uint8_t* p, float* scale, float* mn) {
   *mn = half_to_float_finite(m);
 }
 
-/// Unpacks the planar codes of one token-head (d values; layout in codec.hpp) into floats (code values, no affine).
-/// Every loop has unit stride and vectorizes.
-FLASHKV_ALWAYS_INLINE void codes_to_float(const uint8_t* __restrict src, int32_t d, int32_t bits, float* __restrict o) {
-  if (bits == 8) {
-    for (int32_t i = 0; i < d; ++i) o[i] = static_cast<float>(src[i]);
-  } else if (bits == 4) {
-    const int32_t h = d / 2;
-    for (int32_t i = 0; i < h; ++i) o[i] = static_cast<float>(src[i] & 0xF);
-    for (int32_t i = 0; i < h; ++i) o[i + h] = static_cast<float>(src[i] >> 4);
-  } else {
-    const int32_t q = d / 4;
-    for (int32_t i = 0; i < q; ++i) o[i] = static_cast<float>(src[i] & 3);
-    for (int32_t i = 0; i < q; ++i) o[i + q] = static_cast<float>((src[i] >> 2) & 3);
-    for (int32_t i = 0; i < q; ++i) o[i + 2 * q] = static_cast<float>((src[i] >> 4) & 3);
-    for (int32_t i = 0; i < q; ++i) o[i + 3 * q] = static_cast<float>(src[i] >> 6);
+/// Per-token codes of one tile: slots [slot, slot + n), groups of `group` channels with [fp16 scale, fp16 min] each.
+/// One call per tile (compiled per ISA, see FLASHKV_CPU_CLONES) so the inner loops inline and vectorize.
+template <int kBits>
+FLASHKV_ALWAYS_INLINE void decode_token_tile_bits(const uint8_t* __restrict codes, const uint8_t* __restrict meta,
+                                                  int32_t slot, int32_t n, int32_t d, int32_t group,
+                                                  float* __restrict out) {
+  // Fused unpack + affine, one unit-stride loop per (plane, group) chunk: with the planar layout channel c lives in
+  // plane p = c / plane_len at bits [p·kBits, (p + 1)·kBits) of byte c − p·plane_len.
+  constexpr int32_t kPlanes = 8 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int32_t ng = d / group, plane_len = d / kPlanes;
+  const int64_t cb = static_cast<int64_t>(d) * kBits / 8;
+  for (int32_t t = 0; t < n; ++t) {
+    const uint8_t* src = codes + (slot + t) * cb;
+    const uint8_t* m = meta + static_cast<int64_t>(slot + t) * ng * 4;
+    float* o = out + static_cast<int64_t>(t) * d;
+    for (int32_t p = 0; p < kPlanes; ++p) {
+      const int32_t pc0 = p * plane_len, pc1 = pc0 + plane_len;
+      for (int32_t c0 = pc0; c0 < pc1;) {
+        const int32_t g = c0 / group;
+        const int32_t c1 = std::min(pc1, (g + 1) * group);
+        float scale, mn;
+        load_meta(m + g * 4, &scale, &mn);
+        const uint8_t* sp = src - pc0;
+        for (int32_t c = c0; c < c1; ++c) {
+          o[c] = mn + scale * static_cast<float>((static_cast<uint32_t>(sp[c]) >> (p * kBits)) & kMask);
+        }
+        c0 = c1;
+      }
+    }
   }
 }
 
-/// Per-token codes of one tile: slots [slot, slot + n), groups of `group` channels with [fp16 scale, fp16 min] each.
-/// One call per tile (compiled per ISA, see FLASHKV_CPU_CLONES) so the inner loops inline and vectorize.
 FLASHKV_CPU_CLONES
 void decode_token_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t group,
                        int32_t bits, float* out) {
-  const int32_t ng = d / group;
-  const int64_t cb = static_cast<int64_t>(d) * bits / 8;
-  for (int32_t t = 0; t < n; ++t) {
-    const uint8_t* m = meta + static_cast<int64_t>(slot + t) * ng * 4;
-    float* o = out + static_cast<int64_t>(t) * d;
-    codes_to_float(codes + (slot + t) * cb, d, bits, o);
-    for (int32_t g = 0; g < ng; ++g) {
-      float scale, mn;
-      load_meta(m + g * 4, &scale, &mn);
-      float* og = o + g * group;
-      for (int32_t i = 0; i < group; ++i) og[i] = mn + scale * og[i];
-    }
+  if (bits == 8) {
+    decode_token_tile_bits<8>(codes, meta, slot, n, d, group, out);
+  } else if (bits == 4) {
+    decode_token_tile_bits<4>(codes, meta, slot, n, d, group, out);
+  } else {
+    decode_token_tile_bits<2>(codes, meta, slot, n, d, group, out);
   }
 }
 
@@ -71,6 +78,8 @@ FLASHKV_CPU_CLONES
 void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t G,
                           int32_t bits, int64_t meta_group_bytes, float* out) {
   const int64_t cb = static_cast<int64_t>(d) * bits / 8;
+  const int32_t planes = 8 / bits, plane_len = d / planes;
+  const uint32_t mask = (1u << bits) - 1u;
   float sc[256], mn[256];
   int32_t cur_group = -1;
   for (int32_t t = 0; t < n; ++t) {
@@ -87,8 +96,13 @@ void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slo
       cur_group = gi;
     }
     float* o = out + static_cast<int64_t>(t) * d;
-    codes_to_float(codes + (slot + t) * cb, d, bits, o);
-    for (int32_t c = 0; c < d; ++c) o[c] = mn[c] + sc[c] * o[c];
+    const uint8_t* src = codes + (slot + t) * cb;
+    for (int32_t p = 0; p < planes; ++p) {
+      const uint32_t shift = static_cast<uint32_t>(p * bits);
+      const int32_t pc0 = p * plane_len;
+      const uint8_t* sp = src - pc0;
+      for (int32_t c = pc0; c < pc0 + plane_len; ++c) o[c] = mn[c] + sc[c] * static_cast<float>((sp[c] >> shift) & mask);
+    }
   }
 }
 

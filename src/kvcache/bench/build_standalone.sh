@@ -8,7 +8,7 @@ mkdir -p "$out/obj"
 srcs=(src/kvcache/format.cpp src/kvcache/codec.cpp src/kvcache/codec_int.cpp src/kvcache/paged_cache.cpp
       src/kvcache/cache_attention.cpp src/kvcache/memory.cpp src/core/types.cpp src/core/error.cpp
       src/core/version.cpp src/core/validate.cpp src/core/backend.cpp src/kvcache/bench/bench_kv_decode.cpp)
-flags=(-std=c++20 -O3 -DNDEBUG -fopenmp -Iinclude -Isrc -DFLASHKV_VERSION_STRING=\"0.1.0\")
+flags=(-std=c++20 -O3 -DNDEBUG -fopenmp -fno-trapping-math -Iinclude -Isrc -DFLASHKV_VERSION_STRING=\"0.1.0\")
 pids=()
 for s in "${srcs[@]}"; do
   g++ "${flags[@]}" -c "$s" -o "$out/obj/$(echo "$s" | tr / _).o" & pids+=($!)
