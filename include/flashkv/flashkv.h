@@ -2,7 +2,9 @@
  *
  * VERSIONING: FLASHKV_ABI_VERSION is bumped only on incompatible changes. Structs passed by pointer start with
  * `struct_size` (set it to sizeof(struct); the library reads only the fields that size covers), so fields can be
- * appended without breaking old callers. Call flashkv_abi_version() to check at run time.
+ * appended without breaking old callers. A struct_size larger than this library knows is rejected
+ * (FLASHKV_ERROR_INVALID_ARGUMENT naming 'opts.struct_size') so options a newer caller set are never silently
+ * ignored. Call flashkv_abi_version() to check at run time. Guide: docs/c-abi.md.
  *
  * ERRORS: every function returns flashkv_status; on anything but FLASHKV_OK, flashkv_last_error() returns a
  * thread-local, NUL-terminated message naming the argument with expected vs actual (valid until the next flashkv
