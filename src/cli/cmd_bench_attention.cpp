@@ -141,6 +141,15 @@ Buffers make_buffers(const BenchArgs& a, DType dtype, int64_t seqlen, int64_t d,
   return b;
 }
 
+/// The model's shape with the number of workers that really run concurrently: naive and v1 are parallel over
+/// (batch, head), tiled over (batch, head, query block) — see src/cpu/attention_cpu.hpp.
+TrafficShape with_workers(TrafficShape s, Algorithm alg, int threads) {
+  int64_t items = s.batch * s.num_heads;
+  if (alg == Algorithm::tiled) items *= (s.seqlen_q + s.block_m - 1) / s.block_m;
+  s.num_workers = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+  return s;
+}
+
 std::string iso_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -188,14 +197,13 @@ int run(const BenchArgs& a) {
       shape.head_dim = shape.head_dim_v = d;
       shape.dtype = dtype;
       shape.causal = a.causal;
-      shape.num_workers = threads;
       const double flops = attention_forward_flops(shape);  // 4·B·H·N²·d, halved for causal
       for (Algorithm alg : variants) {
         Row r;
         r.variant = variant_label(alg);
         r.seqlen = seqlen;
         r.head_dim = d;
-        r.model = estimate_traffic(alg, shape);
+        r.model = estimate_traffic(alg, with_workers(shape, alg, threads));
         ++done;
         if (alg == Algorithm::naive &&
             r.model.extra_memory_bytes > a.max_naive_gib * 1024.0 * 1024.0 * 1024.0) {

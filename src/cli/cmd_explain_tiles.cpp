@@ -6,9 +6,12 @@
 // loop); FlashAttention-2 (Dao 2023) §3.1 Alg. 1 (Q outer loop, unnormalized O, one division by l).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cli/command.hpp"
 #include "flashkv/error.hpp"
@@ -96,7 +99,7 @@ void print_v2(const TrafficShape& s) {
   fmt::print("    for each of up to Tc = {} K/V blocks j (fully masked blocks skipped, boundary blocks masked "
              "element-wise):\n", tc);
   fmt::print("      K_j, V_j streamed from SLOW memory (through L2)\n");
-  fmt::print("      S_ij = Q_i·K_jᵀ  ({} x {} float32 = {}, fits L1) created, scaled, softcapped, masked\n", s.block_m,
+  fmt::print("      S_ij = Q_i·K_jᵀ  ({} x {} float32 = {}, in L1/L2) created, scaled, softcapped, masked\n", s.block_m,
              s.block_n, kib(stile));
   fmt::print("      P_ij = exp(S_ij - m_new) overwrites S_ij; l_i = exp(m_old - m_new)·l_i + rowsum(P_ij)\n");
   fmt::print("      O_i RESCALED by exp(m_old - m_new) (no division) and O_i += P_ij·V_j; S_ij/P_ij die here\n");
@@ -119,11 +122,15 @@ int run(const TilesArgs& a) {
   s.head_dim = s.head_dim_v = a.head_dim;
   s.dtype = parse_dtype(a.dtype);
   s.causal = a.causal;
-  s.num_workers = a.threads;
 
-  fmt::print("tile lifecycles for batch={} heads={} seqlen={} head_dim={} dtype={}{}; tiles {} x {} "
-             "(block_m x block_n: a 64x64 float32 S tile is 16 KiB and sits in L1, K/V tiles in L2)\n\n",
-             a.batch, a.heads, a.seqlen, a.head_dim, a.dtype, a.causal ? " causal" : "", s.block_m, s.block_n);
+  const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  fmt::print("tile lifecycles for batch={} heads={} seqlen={} head_dim={} dtype={}{}; tiles {} x {} (block_m x "
+             "block_n, as the CPU kernels): one float32 S tile is {}, K/V tiles {} each; this CPU has L1d {} and L2 "
+             "{} per core\n\n",
+             a.batch, a.heads, a.seqlen, a.head_dim, a.dtype, a.causal ? " causal" : "", s.block_m, s.block_n,
+             kib(static_cast<double>(s.block_m * s.block_n) * 4.0),
+             kib(static_cast<double>(s.block_n * a.head_dim) * 4.0), l1 > 0 ? kib(static_cast<double>(l1)) : "n/a",
+             l2 > 0 ? kib(static_cast<double>(l2)) : "n/a");
   for (Algorithm alg : variants) {
     if (alg == Algorithm::naive) print_naive(s);
     if (alg == Algorithm::v1_order) print_v1(s);
@@ -135,8 +142,17 @@ int run(const TilesArgs& a) {
   fmt::print("{:<6} {:>12} {:>12} {:>12} {:>14} {:>12} {:>10}\n", "variant", "read", "written", "total",
              "extra memory", "FLOP/byte", "tiles");
   double base = 0;
+  // Workers that really run concurrently: naive and v1 are parallel over (batch, head), tiled over (batch, head,
+  // query block) (src/cpu/attention_cpu.hpp).
+  auto model = [&](Algorithm alg) {
+    TrafficShape w = s;
+    int64_t items = s.batch * s.num_heads;
+    if (alg == Algorithm::tiled) items *= (s.seqlen_q + s.block_m - 1) / s.block_m;
+    w.num_workers = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(a.threads, items)));
+    return estimate_traffic(alg, w);
+  };
   for (Algorithm alg : variants) {
-    const TrafficEstimate t = estimate_traffic(alg, s);
+    const TrafficEstimate t = model(alg);
     if (alg == Algorithm::tiled) base = t.bytes_total;
     fmt::print("{:<6} {:>12} {:>12} {:>12} {:>14} {:>12.1f} {:>10}\n",
                alg == Algorithm::tiled ? "v2" : alg == Algorithm::v1_order ? "v1" : "naive", kib(t.bytes_read),
@@ -147,7 +163,7 @@ int run(const TilesArgs& a) {
     for (Algorithm alg : variants) {
       if (alg == Algorithm::tiled) continue;
       fmt::print("  {} moves {:.1f}x the bytes of v2\n", alg == Algorithm::v1_order ? "v1" : "naive",
-                 estimate_traffic(alg, s).bytes_total / base);
+                 model(alg).bytes_total / base);
     }
   }
   fmt::print("formulas (per batch x head; e = dtype bytes, N = seqlen_q, M = seqlen_k):\n");
