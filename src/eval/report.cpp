@@ -78,16 +78,21 @@ nlohmann::json rows_to_json(const std::vector<FormatRow>& rows) {
 
 void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path) {
   const double W = 720, H = 440, L = 80, R = 30, T = 50, B = 60;
-  double bmin = 32, bmax = 0, kmin = 1e30, kmax = 0;
+  // Formats with KL = 0 (the fp32 reference) cannot sit on a log axis: they are listed under the title instead and
+  // do not stretch the bits axis.
+  double bmin = 64, bmax = 0, kmin = 1e30, kmax = 0;
+  std::string exact;
   for (const auto& r : rows) {
-    bmin = std::min(bmin, r.effective_bits);
-    bmax = std::max(bmax, r.effective_bits);
     if (r.metrics.mean_kl > 0) {
+      bmin = std::min(bmin, r.effective_bits);
+      bmax = std::max(bmax, r.effective_bits);
       kmin = std::min(kmin, r.metrics.mean_kl);
       kmax = std::max(kmax, r.metrics.mean_kl);
+    } else {
+      exact += (exact.empty() ? "" : ", ") + r.label;
     }
   }
-  if (kmax == 0) { kmin = 1e-6; kmax = 1e-5; }
+  if (kmax == 0) { kmin = 1e-6; kmax = 1e-5; bmin = 0; bmax = 32; }
   double lk0 = std::floor(std::log10(kmin)), lk1 = std::ceil(std::log10(kmax));
   if (lk1 <= lk0) lk1 = lk0 + 1;
   const double b0 = std::max(0.0, std::floor(bmin) - 1), b1 = std::ceil(bmax) + 1;
@@ -117,7 +122,11 @@ void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& ti
     << "\" text-anchor=\"middle\">effective bits per cached element (codes + metadata + residual + slack)</text>\n";
   s << "<text x=\"20\" y=\"" << (T + H - B) / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 20 "
     << (T + H - B) / 2 << ")\">mean KL(fp32 cache || format), nats/token</text>\n";
+  if (!exact.empty())
+    s << "<text x=\"" << W / 2 << "\" y=\"40\" text-anchor=\"middle\" fill=\"#555\">KL = 0 exactly (not drawn): " << exact
+      << "</text>\n";
   for (const auto& r : rows) {
+    if (r.metrics.mean_kl <= 0) continue;
     const double x = X(r.effective_bits), y = Y(r.metrics.mean_kl);
     s << "<circle cx=\"" << x << "\" cy=\"" << y << "\" r=\"5\" fill=\"#1f77b4\"/><text x=\"" << x + 7 << "\" y=\""
       << y - 7 << "\">" << r.label << "</text>\n";

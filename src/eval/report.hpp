@@ -19,7 +19,8 @@ std::string format_table(const std::vector<FormatRow>& rows, bool greedy);
 nlohmann::json rows_to_json(const std::vector<FormatRow>& rows);
 
 /// Writes an SVG scatter plot of mean KL (log scale) against effective bits per element, one labelled point per
-/// format (formats with KL = 0 are drawn on the bottom axis). Throws IoError if the file cannot be written.
+/// format (formats with KL = 0, such as the fp32 reference, are named in a caption instead of drawn).
+/// Throws IoError if the file cannot be written.
 void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path);
 
 /// Progress bar on stderr: "[#####.....]  42% 1234/2900 tokens  ETA 3.1s". Draws only when enabled (the CLI enables
