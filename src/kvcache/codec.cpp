@@ -180,9 +180,10 @@ void decode_bf16_row(const uint8_t* __restrict src, int64_t n, float* __restrict
 /// +120; E5M2: << 21, +112) is exactly its float bit pattern; subnormal codes (exponent 0) are mantissa · 2^-9 (E4M3)
 /// / 2^-16 (E5M2). Codes are never NaN (encoding saturates). x̂ = fp8 · scale, scale static or per token (dynamic,
 /// float32 in the metadata).
-template <bool kE4M3>
-FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int32_t d, float scale,
+template <bool kE4M3, int kD>
+FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int32_t d_rt, float scale,
                                           float* __restrict o) {
+  const int32_t d = kD > 0 ? kD : d_rt;
   constexpr uint32_t kShift = kE4M3 ? 20 : 21;
   constexpr uint32_t kRebias = (kE4M3 ? 120u : 112u) << 23;
   constexpr uint32_t kMinNormal = kE4M3 ? 8 : 4;  // smallest magnitude code with exponent 1
@@ -206,9 +207,17 @@ void decode_fp8_tile(const uint8_t* __restrict codes, const uint8_t* __restrict 
     if (dynamic) std::memcpy(&scale, meta + static_cast<int64_t>(slot + t) * 4, 4);
     float* o = out + static_cast<int64_t>(t) * d;
     if (e4m3) {
-      decode_fp8_row<true>(src, d, scale, o);
+      if (d == 128) {
+        decode_fp8_row<true, 128>(src, d, scale, o);
+      } else {
+        decode_fp8_row<true, 0>(src, d, scale, o);
+      }
     } else {
-      decode_fp8_row<false>(src, d, scale, o);
+      if (d == 128) {
+        decode_fp8_row<false, 128>(src, d, scale, o);
+      } else {
+        decode_fp8_row<false, 0>(src, d, scale, o);
+      }
     }
   }
 }

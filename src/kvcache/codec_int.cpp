@@ -30,20 +30,47 @@ inline void load_meta(const uint8_t* p, float* scale, float* mn) {
 
 /// Per-token codes of one tile: slots [slot, slot + n), groups of `group` channels with [fp16 scale, fp16 min] each.
 /// One call per tile (compiled per ISA, see FLASHKV_CPU_CLONES) so the inner loops inline and vectorize.
-template <int kBits>
+template <int kBits, int kD>
 FLASHKV_ALWAYS_INLINE void decode_token_tile_bits(const uint8_t* __restrict codes, const uint8_t* __restrict meta,
-                                                  int32_t slot, int32_t n, int32_t d, int32_t group,
+                                                  int32_t slot, int32_t n, int32_t d_rt, int32_t group,
                                                   float* __restrict out) {
   // Fused unpack + affine, one unit-stride loop per (plane, group) chunk: with the planar layout channel c lives in
-  // plane p = c / plane_len at bits [p·kBits, (p + 1)·kBits) of byte c − p·plane_len.
+  // plane p = c / plane_len at bits [p·kBits, (p + 1)·kBits) of byte c − p·plane_len. kD > 0 fixes head_dim at
+  // compile time (constant trip counts: no loop epilogues), kD = 0 is the generic path.
   constexpr int32_t kPlanes = 8 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int32_t d = kD > 0 ? kD : d_rt;
   const int32_t ng = d / group, plane_len = d / kPlanes;
   const int64_t cb = static_cast<int64_t>(d) * kBits / 8;
   for (int32_t t = 0; t < n; ++t) {
     const uint8_t* src = codes + (slot + t) * cb;
     const uint8_t* m = meta + static_cast<int64_t>(slot + t) * ng * 4;
     float* o = out + static_cast<int64_t>(t) * d;
+    if (ng == 1) {  // one (scale, min) per token-head: the common per-token-head formats
+      float scale, mn;
+      load_meta(m, &scale, &mn);
+      for (int32_t p = 0; p < kPlanes; ++p) {
+        float* op = o + p * plane_len;
+        for (int32_t c = 0; c < plane_len; ++c) {
+          op[c] = mn + scale * static_cast<float>((static_cast<uint32_t>(src[c]) >> (p * kBits)) & kMask);
+        }
+      }
+      continue;
+    }
+    if (group == 32 && plane_len % 32 == 0) {  // KIVI-V / _g32: whole 32-channel groups inside each plane
+      for (int32_t p = 0; p < kPlanes; ++p) {
+        for (int32_t c0 = p * plane_len; c0 < (p + 1) * plane_len; c0 += 32) {
+          float scale, mn;
+          load_meta(m + (c0 / 32) * 4, &scale, &mn);
+          const uint8_t* sp = src + (c0 - p * plane_len);
+          float* og = o + c0;
+          for (int32_t c = 0; c < 32; ++c) {
+            og[c] = mn + scale * static_cast<float>((static_cast<uint32_t>(sp[c]) >> (p * kBits)) & kMask);
+          }
+        }
+      }
+      continue;
+    }
     for (int32_t p = 0; p < kPlanes; ++p) {
       const int32_t pc0 = p * plane_len, pc1 = pc0 + plane_len;
       for (int32_t c0 = pc0; c0 < pc1;) {
@@ -61,26 +88,41 @@ FLASHKV_ALWAYS_INLINE void decode_token_tile_bits(const uint8_t* __restrict code
   }
 }
 
+template <int kBits>
+FLASHKV_ALWAYS_INLINE void decode_token_tile_d(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
+                                               int32_t d, int32_t group, float* out) {
+  if (d == 128) {
+    decode_token_tile_bits<kBits, 128>(codes, meta, slot, n, d, group, out);
+  } else if (d == 64) {
+    decode_token_tile_bits<kBits, 64>(codes, meta, slot, n, d, group, out);
+  } else {
+    decode_token_tile_bits<kBits, 0>(codes, meta, slot, n, d, group, out);
+  }
+}
+
 FLASHKV_CPU_CLONES
 void decode_token_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t group,
                        int32_t bits, float* out) {
   if (bits == 8) {
-    decode_token_tile_bits<8>(codes, meta, slot, n, d, group, out);
+    decode_token_tile_d<8>(codes, meta, slot, n, d, group, out);
   } else if (bits == 4) {
-    decode_token_tile_bits<4>(codes, meta, slot, n, d, group, out);
+    decode_token_tile_d<4>(codes, meta, slot, n, d, group, out);
   } else {
-    decode_token_tile_bits<2>(codes, meta, slot, n, d, group, out);
+    decode_token_tile_d<2>(codes, meta, slot, n, d, group, out);
   }
 }
 
 /// KIVI key codes of one tile: per-channel [fp16 scale × d][fp16 min × d] per group of G tokens.
-FLASHKV_CPU_CLONES
-void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t G,
-                          int32_t bits, int64_t meta_group_bytes, float* out) {
-  const int64_t cb = static_cast<int64_t>(d) * bits / 8;
-  const int32_t planes = 8 / bits, plane_len = d / planes;
-  const uint32_t mask = (1u << bits) - 1u;
-  float sc[256], mn[256];
+template <int kBits, int kD>
+FLASHKV_ALWAYS_INLINE void decode_kivi_key_tile_t(const uint8_t* __restrict codes, const uint8_t* __restrict meta,
+                                                  int32_t slot, int32_t n, int32_t d_rt, int32_t G,
+                                                  int64_t meta_group_bytes, float* __restrict out) {
+  constexpr int32_t kPlanes = 8 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int32_t d = kD > 0 ? kD : d_rt;
+  const int64_t cb = static_cast<int64_t>(d) * kBits / 8;
+  const int32_t plane_len = d / kPlanes;
+  alignas(64) float sc[256], mn[256];
   int32_t cur_group = -1;
   for (int32_t t = 0; t < n; ++t) {
     const int32_t gi = (slot + t) / G;
@@ -97,11 +139,31 @@ void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slo
     }
     float* o = out + static_cast<int64_t>(t) * d;
     const uint8_t* src = codes + (slot + t) * cb;
-    for (int32_t p = 0; p < planes; ++p) {
-      const uint32_t shift = static_cast<uint32_t>(p * bits);
-      const int32_t pc0 = p * plane_len;
-      const uint8_t* sp = src - pc0;
-      for (int32_t c = pc0; c < pc0 + plane_len; ++c) o[c] = mn[c] + sc[c] * static_cast<float>((sp[c] >> shift) & mask);
+    for (int32_t p = 0; p < kPlanes; ++p) {
+      float* op = o + p * plane_len;
+      const float* sp = sc + p * plane_len;
+      const float* mp = mn + p * plane_len;
+      for (int32_t c = 0; c < plane_len; ++c) {
+        op[c] = mp[c] + sp[c] * static_cast<float>((static_cast<uint32_t>(src[c]) >> (p * kBits)) & kMask);
+      }
+    }
+  }
+}
+
+FLASHKV_CPU_CLONES
+void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n, int32_t d, int32_t G,
+                          int32_t bits, int64_t meta_group_bytes, float* out) {
+  if (bits == 4) {
+    if (d == 128) {
+      decode_kivi_key_tile_t<4, 128>(codes, meta, slot, n, d, G, meta_group_bytes, out);
+    } else {
+      decode_kivi_key_tile_t<4, 0>(codes, meta, slot, n, d, G, meta_group_bytes, out);
+    }
+  } else {
+    if (d == 128) {
+      decode_kivi_key_tile_t<2, 128>(codes, meta, slot, n, d, G, meta_group_bytes, out);
+    } else {
+      decode_kivi_key_tile_t<2, 0>(codes, meta, slot, n, d, G, meta_group_bytes, out);
     }
   }
 }
