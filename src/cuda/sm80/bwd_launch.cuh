@@ -11,12 +11,13 @@
 namespace flashkv::cuda {
 
 template <int kHeadDim>
-struct BwdTiles;  // kBlockM x kBlockN, warps
-template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 64, 128, 8>; };
-template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8>; };
-template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8>; };
-template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8>; };
-template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8>; };
+struct BwdTiles;  // kBlockM, kBlockN, warps, then the warp grids (phase 1 key-row warps, phase 2 key-row warps,
+                  // phase 3 query-row warps); see BwdConfig
+template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 64, 128, 8, 4, 4, 2>; };
+template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
+template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
+template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 2>; };
+template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>; };
 
 namespace sm80 {
 

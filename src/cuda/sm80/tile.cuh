@@ -29,19 +29,24 @@ struct SmemTile {
   }
 };
 
-/// ldmatrix address generator for one operand: lane `lr` supplies row R0 + lr and logical chunk C0 + lc (lc in {0, 1})
-/// for compile-time R0 (multiple of 8) and C0 (even). Because the swizzle only XORs the low 3 chunk bits with the low
-/// 3 row bits, the lane-dependent part is a 4-entry table and every (R0, C0) address is base + constant + table entry,
-/// which keeps unrolled loops from materializing one address register per fragment.
+/// ldmatrix address generator for one operand: lane `lr` supplies row R0 + lr and logical chunk cb + C0 + lc
+/// (lc in {0, 1}) for compile-time R0 (multiple of 8) and C0 (even), and a per-thread chunk base cb (even; e.g. the
+/// warp's column offset). Because the swizzle only XORs the low 3 chunk bits with the low 3 row bits, the lane- and
+/// cb-dependent part is a 4-entry table (with the carry of cb + C0 folded in) and every (R0, C0) address is base +
+/// compile-time constant + table entry — unrolled loops neither materialize one address register per fragment nor
+/// index the table dynamically (which would put it in local memory).
 template <class Tile>
 struct LdsmAddr {
   uint32_t base;
   uint32_t tab[4];
-  __device__ __forceinline__ LdsmAddr(uint32_t smem, int lr, int lc) {
-    base = smem + static_cast<uint32_t>(lr * Tile::kPitchChunks * 16);
+  __device__ __forceinline__ LdsmAddr(uint32_t smem, int lr, int lc, int cb = 0) {
+    base = smem + static_cast<uint32_t>((lr * Tile::kPitchChunks + (cb & ~7)) * 16);
     const int x = (lc ^ lr) & 7;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) tab[i] = static_cast<uint32_t>(((2 * i) ^ x) * 16);
+    for (int i = 0; i < 4; ++i) {
+      const int v = (cb & 7) + 2 * i;
+      tab[i] = static_cast<uint32_t>(((v & 8) + ((v & 7) ^ x)) * 16);
+    }
   }
   __device__ __forceinline__ uint32_t operator()(int r0, int c0) const {
     return base + static_cast<uint32_t>(r0 * Tile::kPitchChunks * 16 + (c0 & ~7) * 16) + tab[(c0 & 7) >> 1];
