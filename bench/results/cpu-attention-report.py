@@ -48,19 +48,22 @@ def main():
     p(f"- **shape**: batch {c['batch']}, heads {c['heads']} (= heads_kv), seqlen_q = seqlen_k, dtype {c['dtype']}, "
       f"{'causal' if c['causal'] else 'no mask'}, best of {c['repeats']} runs; FLOPs = {c['flops_formula']}")
     p(f"- naive runs only where its S/P scratch (model: workers × seqlen² × 4 B) fits in "
-      f"{c['max_naive_memory_gib']} GiB; otherwise it is listed as skipped\n")
+      f"{c['max_naive_memory_gib']} GiB; otherwise it is listed as skipped")
+    p("- cpu% = process CPU time / (wall time × threads) of the best call: below 100% other processes held cores "
+      "during the call and its time is pessimistic\n")
     res = d["results"]
     for hd in sorted({r["head_dim"] for r in res}):
         p(f"## head_dim {hd}\n")
-        p("| seqlen | variant | best ms | median ms | GFLOP/s | % of peak | extra memory (measured) | extra memory (model) "
-          "| bytes moved (model) |")
-        p("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        p("| seqlen | variant | best ms | median ms | cpu% | GFLOP/s | % of peak | extra memory (measured) "
+          "| extra memory (model) | bytes moved (model) |")
+        p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted((r for r in res if r["head_dim"] == hd), key=lambda r: (r["seqlen"], r["variant"])):
             if r["skipped"]:
-                p(f"| {r['seqlen']} | {r['variant']} | skipped: {r['skip_reason']} | | | | | "
+                p(f"| {r['seqlen']} | {r['variant']} | skipped: {r['skip_reason']} | | | | | | "
                   f"{human(r['extra_memory_bytes_model'])} | {human(r['bytes_moved'])} |")
                 continue
-            p(f"| {r['seqlen']} | {r['variant']} | {r['time_ms_best']:.1f} | {r['time_ms_median']:.1f} | "
+            share = f"{100 * r['cpu_share_best']:.0f}%" if "cpu_share_best" in r else "n/a"
+            p(f"| {r['seqlen']} | {r['variant']} | {r['time_ms_best']:.1f} | {r['time_ms_median']:.1f} | {share} | "
               f"{r['gflops']:.1f} | {r['pct_of_peak']:.1f}% | {human(r['extra_memory_bytes_measured'])} | "
               f"{human(r['extra_memory_bytes_model'])} | {human(r['bytes_moved'])} |")
         p("")

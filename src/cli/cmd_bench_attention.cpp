@@ -57,6 +57,7 @@ struct Row {
   bool skipped = false;
   std::string skip_reason;
   double best_ms = 0, median_ms = 0, gflops = 0, pct_peak = 0;
+  double cpu_share = 0;  ///< process CPU time / (wall time × threads) of the best call: < 1 means contention
   int64_t extra_bytes_measured = -1;
   TrafficEstimate model;
 };
@@ -150,6 +151,13 @@ TrafficShape with_workers(TrafficShape s, Algorithm alg, int threads) {
   return s;
 }
 
+/// CPU time of this process (all threads) in milliseconds.
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
 std::string iso_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -227,10 +235,13 @@ int run(const BenchArgs& a) {
         for (int rep = 0; rep < a.repeats; ++rep) {
           std::unique_ptr<PeakRssProbe> probe;
           if (rep == 0) probe = std::make_unique<PeakRssProbe>();
+          const double cpu0 = process_cpu_ms();
           const auto t0 = std::chrono::steady_clock::now();
           attention_forward(buf.q, buf.k, buf.v, buf.out, &buf.lse_view, opt);
           ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          const double share = (process_cpu_ms() - cpu0) / (ms.back() * threads);
           if (probe) r.extra_bytes_measured = probe->peak_extra_bytes();
+          if (ms.back() <= *std::min_element(ms.begin(), ms.end())) r.cpu_share = share;
         }
         std::vector<double> sorted = ms;
         std::sort(sorted.begin(), sorted.end());
@@ -252,18 +263,20 @@ int run(const BenchArgs& a) {
              a.heads, a.causal ? "yes" : "no", a.dtype, a.repeats, threads);
   fmt::print("peak float32 FMA rate (measured, {} x {} lanes, {} threads): {:.1f} GFLOP/s\n", peak.isa, peak.lanes,
              peak.threads, peak.gflops);
-  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>9} {:>7} {:>12} {:>12} {:>12}\n", "variant", "seqlen", "d",
-             "best ms", "median ms", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved");
+  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>5} {:>9} {:>7} {:>12} {:>12} {:>12}\n", "variant", "seqlen", "d",
+             "best ms", "median ms", "cpu%", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved");
   for (const Row& r : rows) {
     if (r.skipped) {
       fmt::print("{:<6} {:>7} {:>4}  skipped: {}\n", r.variant, r.seqlen, r.head_dim, r.skip_reason);
       continue;
     }
-    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}\n", r.variant, r.seqlen,
-               r.head_dim, r.best_ms, r.median_ms, r.gflops, r.pct_peak,
+    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>4.0f}% {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}\n", r.variant,
+               r.seqlen, r.head_dim, r.best_ms, r.median_ms, 100.0 * r.cpu_share, r.gflops, r.pct_peak,
                human_bytes(static_cast<double>(r.extra_bytes_measured)),
                human_bytes(r.model.extra_memory_bytes), human_bytes(r.model.bytes_total));
   }
+  fmt::print("cpu% = process CPU time / (wall time x threads) of the best call (below 100%: other processes took "
+             "cores; timings are then pessimistic)\n");
   fmt::print("FLOPs = 4*batch*heads*seqlen^2*head_dim{}; extra mem = peak resident growth during the first call "
              "(VmHWM); (model) and bytes moved (slow<->fast memory) from include/flashkv/traffic.hpp\n",
              a.causal ? " / 2 (causal)" : "");
@@ -294,6 +307,7 @@ int run(const BenchArgs& a) {
       } else {
         e["time_ms_best"] = r.best_ms;
         e["time_ms_median"] = r.median_ms;
+        e["cpu_share_best"] = r.cpu_share;
         e["gflops"] = r.gflops;
         e["pct_of_peak"] = r.pct_peak;
         e["extra_memory_bytes_measured"] = r.extra_bytes_measured;

@@ -47,6 +47,7 @@ def check_bench_json(binary):
             expect(e["gflops"] > 0 and e["time_ms_best"] > 0 and e["time_ms_median"] >= e["time_ms_best"],
                    f"timings {e}")
             expect(e["bytes_moved"] > 0, f"bytes moved {e}")
+            expect(0 < e["cpu_share_best"] <= 1.5, f"cpu share of the best call in (0, 1] (+ clock slack): {e}")
         by = {(e["variant"], e["seqlen"]): e for e in res}
         for s in (96, 200):
             expect(by[("naive", s)]["bytes_moved"] > by[("v2", s)]["bytes_moved"],
