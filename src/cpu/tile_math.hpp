@@ -2,7 +2,7 @@
 // (scale, softcap, mask) and the two tile products S = Q·Kᵀ and O += P·V.
 //
 // Vectorization: these are `always_inline` and meant to be called from functions marked FLASHKV_CPU_CLONES, which
-// GCC/Clang compile three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2+FMA, baseline SSE2) and pick at load time
+// GCC compiles three times (x86-64-v4 = AVX-512, x86-64-v3 = AVX2+FMA, baseline SSE2) and pick at load time
 // (ifunc), so one binary uses the machine's widest vectors without -march=native. Verified with
 // `-fopt-info-vec-optimized` (GCC 12): the j-loop of qk_tile, the d-loop of pv_tile, exp_flush loops and the
 // conversion loops report "loop vectorized using 64 byte vectors" in the x86-64-v4 clone.
@@ -22,7 +22,8 @@
 #define FLASHKV_ALWAYS_INLINE inline
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+// GCC only: Clang 14 does not accept "arch=" in target_clones (Clang builds get the baseline ISA).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
 #define FLASHKV_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FLASHKV_CPU_CLONES
