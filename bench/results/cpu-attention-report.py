@@ -39,7 +39,9 @@ def main():
         keep = ("Model name", "CPU(s)", "Thread(s) per core", "L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor")
         lines = [l.strip() for l in Path(a.lscpu).read_text().splitlines() if l.split(":")[0].strip() in keep]
         p("- **lscpu**: " + "; ".join(" ".join(l.split()) for l in lines))
-    p(f"- **peak float32 FMA rate**: {m['peak_gflops_fp32']:.1f} GFLOP/s, {m['peak_method']}")
+    p(f"- **peak float32 FMA rate**: {m['peak_gflops_fp32']:.1f} GFLOP/s wall-clock, {m['peak_method']}"
+      + (f"; the loop held {100 * m['peak_cpu_share']:.0f}% of the cores (cpu%), i.e. "
+         f"{m['peak_gflops_fp32_per_cpu']:.1f} GFLOP/s per held core-set" if "peak_cpu_share" in m else ""))
     if a.uptime_before or a.uptime_after:
         ub = Path(a.uptime_before).read_text().strip() if a.uptime_before else "?"
         ua = Path(a.uptime_after).read_text().strip() if a.uptime_after else "?"
@@ -50,21 +52,23 @@ def main():
     p(f"- naive runs only where its S/P scratch (model: workers × seqlen² × 4 B) fits in "
       f"{c['max_naive_memory_gib']} GiB; otherwise it is listed as skipped")
     p("- cpu% = process CPU time / (wall time × threads) of the best call: below 100% other processes held cores "
-      "during the call and its time is pessimistic\n")
+      "during the call and its time is pessimistic; 'per cpu' columns divide by it (GFLOP/s while the threads held "
+      "the cores), compared with the FMA loop's rate measured the same way\n")
     res = d["results"]
     for hd in sorted({r["head_dim"] for r in res}):
         p(f"## head_dim {hd}\n")
-        p("| seqlen | variant | best ms | median ms | cpu% | GFLOP/s | % of peak | extra memory (measured) "
-          "| extra memory (model) | bytes moved (model) |")
-        p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        p("| seqlen | variant | best ms | median ms | cpu% | GFLOP/s | % of peak | GFLOP/s per cpu | % of peak per cpu "
+          "| extra memory (measured) | extra memory (model) | bytes moved (model) |")
+        p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted((r for r in res if r["head_dim"] == hd), key=lambda r: (r["seqlen"], r["variant"])):
             if r["skipped"]:
-                p(f"| {r['seqlen']} | {r['variant']} | skipped: {r['skip_reason']} | | | | | | "
+                p(f"| {r['seqlen']} | {r['variant']} | skipped: {r['skip_reason']} | | | | | | | | "
                   f"{human(r['extra_memory_bytes_model'])} | {human(r['bytes_moved'])} |")
                 continue
             share = f"{100 * r['cpu_share_best']:.0f}%" if "cpu_share_best" in r else "n/a"
             p(f"| {r['seqlen']} | {r['variant']} | {r['time_ms_best']:.1f} | {r['time_ms_median']:.1f} | {share} | "
-              f"{r['gflops']:.1f} | {r['pct_of_peak']:.1f}% | {human(r['extra_memory_bytes_measured'])} | "
+              f"{r['gflops']:.1f} | {r['pct_of_peak']:.1f}% | {r.get('gflops_per_cpu', float('nan')):.1f} | "
+              f"{r.get('pct_of_peak_per_cpu', float('nan')):.1f}% | {human(r['extra_memory_bytes_measured'])} | "
               f"{human(r['extra_memory_bytes_model'])} | {human(r['bytes_moved'])} |")
         p("")
         # speed of v2 relative to naive per seqlen

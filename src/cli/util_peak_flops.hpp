@@ -8,6 +8,9 @@ struct PeakFlops {
   int threads = 0;      ///< OpenMP threads used
   const char* isa = ""; ///< "avx512f", "avx2+fma" or "scalar"
   int lanes = 0;        ///< float32 lanes per FMA instruction
+  double cpu_share = 0; ///< process CPU time / (wall × threads) during the best run: < 1 on a shared machine
+  /// gflops / cpu_share: the rate the threads reach while they hold a core (contention-corrected estimate).
+  double gflops_per_cpu() const { return cpu_share > 0 ? gflops / cpu_share : gflops; }
 };
 
 /// Runs a register-resident loop of independent vector FMAs (12 accumulators, enough to cover FMA latency × ports)
