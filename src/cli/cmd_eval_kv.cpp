@@ -26,7 +26,7 @@ struct EvalKvArgs {
   std::string distributions = "gaussian,outlier,rope,sink";
   std::string needle_contexts = "1k,4k,16k";
   int32_t needle_depths = 11;
-  double margin = 2.0;
+  double margin = 1.5;
   bool no_needle = false;
   int64_t tokens = 4096;
   int64_t queries = 8;
@@ -173,7 +173,7 @@ void register_eval_kv(CLI::App& root) {
   kv->add_option("--rotate", args->rotate, "none | hadamard");
   kv->add_option("--needle-contexts", args->needle_contexts, "context lengths, e.g. 1k,4k,32k,128k (default 1k,4k,16k)");
   kv->add_option("--needle-depths", args->needle_depths, "depths 0..100% evenly (default 11)");
-  kv->add_option("--margin", args->margin, "needle score margin over the distractors' log-sum-exp (default 2)");
+  kv->add_option("--margin", args->margin, "needle score margin over the distractors' log-sum-exp (default 1.5: exact softmax mass 0.82)");
   kv->add_flag("--no-needle", args->no_needle, "skip the needle test");
   kv->add_option("--heatmap-dir", args->heatmap_dir, "write needle-<format>.svg heatmaps here");
   kv->add_option("--json", args->json, "write results as JSON to this file ('-' = stdout)");

@@ -14,9 +14,12 @@
 //   nmse_k, nmse_v  Σ (x̂ − x)² / Σ x² over the dequantized cache
 //   attn_rel_err    ‖out − out_exact‖ / ‖out_exact‖ over all queries (out_exact: the same cache in fp32)
 //   qk_bias, qk_std mean and standard deviation of q·k̂ − q·k (scaled by softmax_scale) over all (query, key) pairs
-// Needle (attention-level long-context retrieval): n distractor keys/values N(0, 1); at position depth·(n − 1) a key
-// whose score exceeds the log-sum-exp of the distractor scores by `margin` (so the exact softmax puts
-// e^margin / (1 + e^margin) of the mass on it) with a random value; success when cos(out, needle value) >= 0.9.
+// Needle (attention-level long-context retrieval): n distractor keys N(0, 1) and values N(0, 1) + a common mean
+// vector (value vectors of real models share a mean direction); at position depth·(n − 1) a key whose score exceeds
+// the log-sum-exp of the distractor scores by `margin` (so the exact softmax puts p = e^margin / (1 + e^margin) of the
+// mass on it) with a random zero-mean value; success when cos(out, needle value) >= 0.9, which needs p >~ 0.67 — so
+// a quantization error that lowers the needle's logit relative to the distractors by more than about
+// margin − 0.7 makes retrieval fail.
 #pragma once
 
 #include <cstdint>
