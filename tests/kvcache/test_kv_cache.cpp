@@ -266,7 +266,7 @@ TEST(KVCacheAttention, WindowsSinksRotationGqaPrefillSoftcapSplits) {
   add({"fp32", 1, 1, 8, 16, 0, 0}, {40}, {40}, true, 0, 0, 1);  // window 0: only the diagonal
   if (full_tests()) {
     for (const char* f : {"int8", "int4", "int4_kivi", "int2_kivi", "fp8_e5m2_dynamic"}) {
-      for (int32_t P : {16, 64, 256}) {
+      for (int32_t P : {32, 64, 256}) {
         for (int32_t R : {0, 32, 128}) {
           add({f, 2, 8, 128, P, R, 4, P == 64}, {0, 1, 300, 1000}, {1, 2, 17, 64}, true, -1, 0, 0);
         }
