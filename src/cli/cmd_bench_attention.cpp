@@ -93,6 +93,10 @@ void check_args(const BenchArgs& a) {
   if (!(a.max_naive_gib > 0)) throw Error("--max-naive-memory", "> 0 GiB", fmt::format("{}", a.max_naive_gib));
   parse_dtype(a.dtype);
   parse_variants(a.variant);
+  if (!a.json_path.empty()) {  // fail before minutes of benchmarking, not after
+    std::ofstream probe(a.json_path, std::ios::app);
+    if (!probe) throw Error("--json", "a writable file path", "'" + a.json_path + "'", Status::io);
+  }
 }
 
 std::string human_bytes(double b) {
