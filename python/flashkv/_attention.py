@@ -83,6 +83,38 @@ def _check_dtype_arg(dtype: str | None) -> None:
         )
 
 
+_FORWARD: Any = object()  # _prepare's dout for forward calls (a backward call's dout=None must still be reported)
+
+
+def _prepare(
+    dtype: str | None,
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: bool,
+    window_size: Sequence[int],
+    softcap: float,
+    softmax_scale: float | None,
+    algorithm: str,
+    num_threads: int,
+    dout: Any = _FORWARD,
+) -> tuple[L.AttentionOptions, TensorArg | None, TensorArg, TensorArg, TensorArg]:
+    """Checks `dtype` and the options, then converts dout (backward only), q, k, v, in that order.
+
+    Returns (o, tdo, tq, tk, tv); tdo is None for a forward call (dout not passed).
+    """
+    _check_dtype_arg(dtype)
+    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
+    tdo = None if dout is _FORWARD else to_tensor(dout, "dout", dtype)
+    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    return o, tdo, tq, tk, tv
+
+
+def _grads_like(tq: TensorArg, tk: TensorArg, tv: TensorArg) -> tuple[TensorArg, TensorArg, TensorArg]:
+    """dq, dk, dv outputs shaped like q, k, v (same kind and dtype as q)."""
+    return new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
+
+
 def _need_rank(t: TensorArg, ndim: int, layout: str) -> None:
     if len(t.shape) != ndim:
         raise ValueError(
@@ -139,9 +171,7 @@ def attention(
         out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
         return_lse.
     """
-    _check_dtype_arg(dtype)
-    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
-    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
     _need_rank(tq, 4, "[batch, seqlen_q, num_heads, head_dim]")
     _need_rank(tv, 4, "[batch, seqlen_k, num_heads_kv, head_dim_v]")
     out = new_output(tq, tq.shape[:3] + tv.shape[3:], "out")
@@ -175,12 +205,11 @@ def attention_backward(
     `out` and `lse` must come from `attention(..., return_lse=True)` with the same options. dout is like out.
     Returns (dq, dk, dv) shaped and typed like q, k, v (same kind as q). Gradients of rows that see no key are 0.
     """
-    _check_dtype_arg(dtype)
-    o = _options(causal, window_size, softcap, softmax_scale, "tiled", num_threads, True)
-    tdo = to_tensor(dout, "dout", dtype)
-    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    o, tdo, tq, tk, tv = _prepare(
+        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout
+    )
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
-    dq, dk, dv = new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
+    dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])
     L.check(
         L.lib().flashkv_attention_backward(
@@ -215,9 +244,7 @@ def attention_varlen(
     cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
     [num_heads, total_q] float32 if return_lse). Mask and options as in `attention`, per sequence.
     """
-    _check_dtype_arg(dtype)
-    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
-    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
     tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
     _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
     _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")
@@ -257,14 +284,13 @@ def attention_varlen_backward(
 
     Returns (dq, dk, dv) shaped and typed like q, k, v.
     """
-    _check_dtype_arg(dtype)
-    o = _options(causal, window_size, softcap, softmax_scale, "tiled", num_threads, True)
-    tdo = to_tensor(dout, "dout", dtype)
-    tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
+    o, tdo, tq, tk, tv = _prepare(
+        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout
+    )
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
-    dq, dk, dv = new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
+    dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])
     L.check(
         L.lib().flashkv_attention_varlen_backward(

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/util_attention_cli.hpp"
 #include "cli/util_memory.hpp"
 #include "cli/util_peak_flops.hpp"
 #include "core/float16.hpp"
@@ -61,23 +62,6 @@ struct Row {
   int64_t extra_bytes_measured = -1;
   TrafficEstimate model;
 };
-
-DType parse_dtype(const std::string& s) {
-  if (s == "float32") return DType::float32;
-  if (s == "float16") return DType::float16;
-  if (s == "bfloat16") return DType::bfloat16;
-  throw Error("--dtype", "float32, float16 or bfloat16", "'" + s + "'");
-}
-
-std::vector<Algorithm> parse_variants(const std::string& s) {
-  if (s == "all") return {Algorithm::naive, Algorithm::v1_order, Algorithm::tiled};
-  if (s == "naive") return {Algorithm::naive};
-  if (s == "v1") return {Algorithm::v1_order};
-  if (s == "v2" || s == "tiled") return {Algorithm::tiled};
-  throw Error("--variant", "naive, v1, v2 (= tiled) or all", "'" + s + "'");
-}
-
-const char* variant_label(Algorithm a) { return a == Algorithm::tiled ? "v2" : a == Algorithm::v1_order ? "v1" : "naive"; }
 
 void check_args(const BenchArgs& a) {
   for (int64_t s : a.seqlens) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/util_json.hpp"
 #include "flashkv/error.hpp"
 #include "kvcache/quality/quality.hpp"
 
@@ -147,15 +148,7 @@ void run(const EvalKvArgs& a) {
     }
     if (!a.heatmap_dir.empty()) std::printf("heatmaps: %s/needle-<format>.svg\n", a.heatmap_dir.c_str());
   }
-  if (!a.json.empty()) {
-    if (a.json == "-") {
-      std::printf("%s\n", js.dump(2).c_str());
-    } else {
-      std::ofstream out(a.json);
-      if (!out) throw IoError("flashkv: cannot write JSON '" + a.json + "'");
-      out << js.dump(2) << "\n";
-    }
-  }
+  if (!a.json.empty()) flashkv::cli::print_or_write_json(js, a.json);
 }
 
 void register_eval_kv(CLI::App& root) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/util_attention_cli.hpp"
 #include "cpu/online_softmax.hpp"
 #include "flashkv/error.hpp"
 
@@ -124,7 +125,7 @@ int run(const OnlineSoftmaxArgs& a) {
 }
 
 void register_explain_online_softmax(CLI::App& root) {
-  CLI::App* explain = group(root, "explain", "Explain FlashAttention's ideas on tiny examples computed by the library");
+  CLI::App* explain = explain_group(root);
   auto args = std::make_shared<OnlineSoftmaxArgs>();
   CLI::App* cmd = explain->add_subcommand(
       "online-softmax", "Print m, l and O after each K/V tile (with the exp(m_old - m_new) rescale) for a random row");

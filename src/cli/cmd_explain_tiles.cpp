@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/command.hpp"
+#include "cli/util_attention_cli.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/traffic.hpp"
 
@@ -36,21 +37,6 @@ std::string kib(double b) {
   if (b >= 1024.0 * 1024.0) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024.0));
   if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
   return fmt::format("{:.0f} B", b);
-}
-
-DType parse_dtype(const std::string& s) {
-  if (s == "float32") return DType::float32;
-  if (s == "float16") return DType::float16;
-  if (s == "bfloat16") return DType::bfloat16;
-  throw Error("--dtype", "float32, float16 or bfloat16", "'" + s + "'");
-}
-
-std::vector<Algorithm> parse_variants(const std::string& s) {
-  if (s == "all") return {Algorithm::naive, Algorithm::v1_order, Algorithm::tiled};
-  if (s == "naive") return {Algorithm::naive};
-  if (s == "v1") return {Algorithm::v1_order};
-  if (s == "v2" || s == "tiled") return {Algorithm::tiled};
-  throw Error("--variant", "naive, v1, v2 (= tiled) or all", "'" + s + "'");
 }
 
 void print_naive(const TrafficShape& s) {
@@ -155,15 +141,13 @@ int run(const TilesArgs& a) {
     const TrafficEstimate t = model(alg);
     if (alg == Algorithm::tiled) base = t.bytes_total;
     fmt::print("{:<6} {:>12} {:>12} {:>12} {:>14} {:>12.1f} {:>10}\n",
-               alg == Algorithm::tiled ? "v2" : alg == Algorithm::v1_order ? "v1" : "naive", kib(t.bytes_read),
-               kib(t.bytes_written), kib(t.bytes_total), kib(t.extra_memory_bytes), t.arithmetic_intensity,
-               fmt::format("{}/{}", t.tiles_visited, t.tiles_total));
+               variant_label(alg), kib(t.bytes_read), kib(t.bytes_written), kib(t.bytes_total),
+               kib(t.extra_memory_bytes), t.arithmetic_intensity, fmt::format("{}/{}", t.tiles_visited, t.tiles_total));
   }
   if (base > 0 && variants.size() > 1) {
     for (Algorithm alg : variants) {
       if (alg == Algorithm::tiled) continue;
-      fmt::print("  {} moves {:.1f}x the bytes of v2\n", alg == Algorithm::v1_order ? "v1" : "naive",
-                 model(alg).bytes_total / base);
+      fmt::print("  {} moves {:.1f}x the bytes of v2\n", variant_label(alg), model(alg).bytes_total / base);
     }
   }
   fmt::print("formulas (per batch x head; e = dtype bytes, N = seqlen_q, M = seqlen_k):\n");
@@ -172,7 +156,7 @@ int run(const TilesArgs& a) {
 }
 
 void register_explain_tiles(CLI::App& root) {
-  CLI::App* explain = group(root, "explain", "Explain FlashAttention's ideas on tiny examples computed by the library");
+  CLI::App* explain = explain_group(root);
   auto args = std::make_shared<TilesArgs>();
   CLI::App* cmd = explain->add_subcommand(
       "tiles", "Life of the S, P and O tiles per variant (where, when created/rescaled/written) and bytes moved");

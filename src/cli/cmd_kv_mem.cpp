@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/util_json.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/kvcache.hpp"
@@ -230,15 +231,7 @@ void run(Args a) {
     js["memory_bytes"] = memory;
     js["weights_bytes"] = weights;
   }
-  if (!a.json.empty()) {
-    if (a.json == "-") {
-      std::printf("%s\n", js.dump(2).c_str());
-    } else {
-      std::ofstream out(a.json);
-      if (!out) throw IoError("flashkv: cannot write JSON '" + a.json + "'");
-      out << js.dump(2) << "\n";
-    }
-  }
+  if (!a.json.empty()) flashkv::cli::print_or_write_json(js, a.json);
 }
 
 void register_kv_mem(CLI::App& root) {

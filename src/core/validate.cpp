@@ -67,6 +67,13 @@ Strides3 strides3(const TensorView& t, bool varlen) {
   return s;
 }
 
+/// Points the problem at a validated tensor: its data pointer and its (batch, row, head) element strides.
+template <class Ptr>
+void bind(const TensorView& t, bool varlen, Ptr& data, Strides3& strides) {
+  data = t.data;
+  strides = strides3(t, varlen);
+}
+
 void check_head_dim(int64_t d, const char* name, const char* what) {
   if (d < 1 || d > kMaxHeadDim) {
     throw Error(name, std::string(what) + " in [1, " + str(kMaxHeadDim) + "]", str(d));
@@ -136,14 +143,10 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
   p.dtype = q.dtype;
   p.device = q.device;
   p.device_index = q.device_index;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  p.q_strides = strides3(q, varlen);
-  p.k_strides = strides3(k, varlen);
-  p.v_strides = strides3(v, varlen);
-  p.out_strides = strides3(out, varlen);
+  bind(q, varlen, p.q, p.q_strides);
+  bind(k, varlen, p.k, p.k_strides);
+  bind(v, varlen, p.v, p.v_strides);
+  bind(out, varlen, p.out, p.out_strides);
 }
 
 void check_lse(const TensorView& lse, const TensorView& q, bool varlen, AttentionProblem& p) {
@@ -180,14 +183,10 @@ void check_backward_tensors(const TensorView& q, const TensorView& k, const Tens
   same_shape(dq, "dq", q, "q");
   same_shape(dk, "dk", k, "k");
   same_shape(dv, "dv", v, "v");
-  p.dout = dout.data;
-  p.dq = dq.data;
-  p.dk = dk.data;
-  p.dv = dv.data;
-  p.dout_strides = strides3(dout, varlen);
-  p.dq_strides = strides3(dq, varlen);
-  p.dk_strides = strides3(dk, varlen);
-  p.dv_strides = strides3(dv, varlen);
+  bind(dout, varlen, p.dout, p.dout_strides);
+  bind(dq, varlen, p.dq, p.dq_strides);
+  bind(dk, varlen, p.dk, p.dk_strides);
+  bind(dv, varlen, p.dv, p.dv_strides);
   p.is_backward = true;
 }
 

@@ -15,12 +15,9 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include "core/mask.hpp"
 #include "cpu/attention_cpu.hpp"
+#include "cpu/head_loop.hpp"
 #include "cpu/score_tile.hpp"
 #include "cpu/tile_io.hpp"
 #include "cpu/tile_math.hpp"
@@ -166,15 +163,8 @@ void dkdv_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, 
 FLASHKV_CPU_CLONES
 void dq_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, int64_t b, int64_t h, int64_t q0,
              float* ws) {
-  const int d = static_cast<int>(p.head_dim);
-  const int dv = static_cast<int>(p.head_dim_v);
-  const int64_t len_q = p.seqlen_q_of(b);
-  const int64_t len_k = p.seqlen_k_of(b);
+  const auto [len_q, len_k, d, dv, hk, row0_q, row0_k, mask] = head_geometry(p, b, h);
   const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockM, len_q - q0));
-  const int64_t hk = h / p.group_size();
-  const int64_t row0_q = p.q_begin(b);
-  const int64_t row0_k = p.k_begin(b);
-  const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
   const Tiles t = carve(ws, d, dv);
   float* dq = t.dk;  // reuse: [rows][d] fits in the dK tile (kBwdBlockM == kBlockN)
   static_assert(kBwdBlockM == kBlockN, "dQ reuses the dK tile; at_x transposes with stride kBlockN");
@@ -213,14 +203,6 @@ void rowsum_item(const core::AttentionProblem& p, std::vector<float>& dbuf, int6
     for (int c = 0; c < dv; ++c) acc += o[c] * g[c];
     dh[d_row(p, b, i)] = acc;
   }
-}
-
-int thread_id() {
-#if defined(_OPENMP)
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
 }
 
 }  // namespace

@@ -8,12 +8,8 @@
 #include <cmath>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
-#include "core/mask.hpp"
 #include "cpu/attention_cpu.hpp"
+#include "cpu/head_loop.hpp"
 #include "cpu/score_tile.hpp"
 #include "cpu/tile_io.hpp"
 #include "cpu/tile_math.hpp"
@@ -23,14 +19,7 @@ namespace {
 
 FLASHKV_CPU_CLONES
 void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vector<float>& big, float* ws) {
-  const int64_t len_q = p.seqlen_q_of(b);
-  const int64_t len_k = p.seqlen_k_of(b);
-  const int d = static_cast<int>(p.head_dim);
-  const int dv = static_cast<int>(p.head_dim_v);
-  const int64_t hk = h / p.group_size();
-  const int64_t row0_q = p.q_begin(b);
-  const int64_t row0_k = p.k_begin(b);
-  const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
+  const auto [len_q, len_k, d, dv, hk, row0_q, row0_k, mask] = head_geometry(p, b, h);
   big.resize(static_cast<std::size_t>(len_q * len_k));  // S, then P in place: [len_q][len_k] ("slow memory")
   float* sp = big.data();
   float* qf = ws;
@@ -111,18 +100,9 @@ void forward_naive(const core::AttentionProblem& p) {
   // Reserve the O(N²) buffers up front so an allocation failure surfaces as std::bad_alloc here, not inside OpenMP.
   const std::size_t need = static_cast<std::size_t>(p.max_seqlen_q * p.max_seqlen_k);
   for (auto& v : big) v.reserve(need);
-#pragma omp parallel num_threads(threads)
-  {
-#if defined(_OPENMP)
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      naive_head(p, it / p.num_heads, it % p.num_heads, big[t], scratch.data() + per_thread * t);
-    }
-  }
+  parallel_over_heads(p, threads, [&](int64_t b, int64_t h, int t) {
+    naive_head(p, b, h, big[t], scratch.data() + per_thread * t);
+  });
 }
 
 }  // namespace flashkv::cpu

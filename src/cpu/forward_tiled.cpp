@@ -9,12 +9,8 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
-#include "core/mask.hpp"
 #include "cpu/attention_cpu.hpp"
+#include "cpu/head_loop.hpp"
 #include "cpu/online_softmax.hpp"
 #include "cpu/score_tile.hpp"
 #include "cpu/tile_io.hpp"
@@ -30,15 +26,8 @@ int64_t scratch_floats(int64_t d, int64_t dv) {
 
 FLASHKV_CPU_CLONES
 void forward_item(const core::AttentionProblem& p, int64_t b, int64_t h, int64_t q0, float* ws) {
-  const int64_t len_q = p.seqlen_q_of(b);
-  const int64_t len_k = p.seqlen_k_of(b);
+  const auto [len_q, len_k, d, dv, hk, row0_q, row0_k, mask] = head_geometry(p, b, h);
   const int rows = static_cast<int>(std::min<int64_t>(kBlockM, len_q - q0));
-  const int d = static_cast<int>(p.head_dim);
-  const int dv = static_cast<int>(p.head_dim_v);
-  const int64_t hk = h / p.group_size();
-  const int64_t row0_q = p.q_begin(b);
-  const int64_t row0_k = p.k_begin(b);
-  const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
 
   float* qf = ws;
   float* kt = qf + kBlockM * d;
@@ -93,11 +82,7 @@ void forward_tiled(const core::AttentionProblem& p) {
   std::vector<float> scratch(static_cast<std::size_t>(per_thread) * threads);
 #pragma omp parallel num_threads(threads)
   {
-#if defined(_OPENMP)
-    float* ws = scratch.data() + per_thread * omp_get_thread_num();
-#else
-    float* ws = scratch.data();
-#endif
+    float* ws = scratch.data() + per_thread * thread_id();
     // Largest query blocks first (causal: the last block sees the most keys) for better dynamic load balance.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {

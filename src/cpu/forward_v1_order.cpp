@@ -14,12 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
-#include "core/mask.hpp"
 #include "cpu/attention_cpu.hpp"
+#include "cpu/head_loop.hpp"
 #include "cpu/online_softmax.hpp"
 #include "cpu/score_tile.hpp"
 #include "cpu/tile_io.hpp"
@@ -34,14 +30,7 @@ struct SlowMemory {  // one (batch, head)'s O, m, l — re-read and re-written f
 
 FLASHKV_CPU_CLONES
 void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& slow, float* ws) {
-  const int64_t len_q = p.seqlen_q_of(b);
-  const int64_t len_k = p.seqlen_k_of(b);
-  const int d = static_cast<int>(p.head_dim);
-  const int dv = static_cast<int>(p.head_dim_v);
-  const int64_t hk = h / p.group_size();
-  const int64_t row0_q = p.q_begin(b);
-  const int64_t row0_k = p.k_begin(b);
-  const core::MaskRule mask{len_q, len_k, p.window_size_left, p.window_size_right};
+  const auto [len_q, len_k, d, dv, hk, row0_q, row0_k, mask] = head_geometry(p, b, h);
   slow.o.assign(static_cast<std::size_t>(len_q * dv), 0.0f);
   slow.m.assign(static_cast<std::size_t>(len_q), kNegInf);
   slow.l.assign(static_cast<std::size_t>(len_q), 0.0f);
@@ -124,18 +113,9 @@ void forward_v1_order(const core::AttentionProblem& p) {
     sm.m.reserve(static_cast<std::size_t>(p.max_seqlen_q));
     sm.l.reserve(static_cast<std::size_t>(p.max_seqlen_q));
   }
-#pragma omp parallel num_threads(threads)
-  {
-#if defined(_OPENMP)
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      v1_head(p, it / p.num_heads, it % p.num_heads, slow[t], scratch.data() + per_thread * t);
-    }
-  }
+  parallel_over_heads(p, threads, [&](int64_t b, int64_t h, int t) {
+    v1_head(p, b, h, slow[t], scratch.data() + per_thread * t);
+  });
 }
 
 }  // namespace flashkv::cpu

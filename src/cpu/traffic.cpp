@@ -6,9 +6,16 @@
 #include <string>
 
 #include "core/mask.hpp"
+#include "cpu/tile_math.hpp"
 #include "flashkv/error.hpp"
 
 namespace flashkv {
+
+// The model's default tile is the CPU forward kernels' tile: `flashkv explain tiles` and `flashkv bench attention`
+// print tile sizes from these defaults.
+static_assert(TrafficShape{}.block_m == cpu::kBlockM && TrafficShape{}.block_n == cpu::kBlockN,
+              "TrafficShape's default block_m/block_n must equal the CPU kernels' kBlockM/kBlockN");
+
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
