@@ -3,8 +3,10 @@
 // Work decomposition (flash-decoding; Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", 2023):
 // one task per (sequence, kv-head, split of the visible key range). A task holds the g = num_heads / num_heads_kv
 // query heads × n_q query tokens that share the kv-head (GQA packing), walks its key range in tiles (a page of the
-// quantized stream, or a run of sink / residual slots), decodes each K and V tile once into a small float buffer
-// (KVCodec::decode) and updates an online softmax (running max m, sum l, unnormalized accumulator; FlashAttention,
+// quantized stream, or a run of sink / residual slots), decodes each K and V tile once into a small float buffer in
+// the codec's factored form (KVCodec::decode_factored: raw codes plus per-token scale / min, or KIVI's per-channel
+// scale / min, applied once per key on the score or on p instead of once per element) and updates an online softmax
+// (running max m, sum l, unnormalized accumulator; FlashAttention,
 // Dao et al. 2022, Alg. 1). Splits are merged with their log-sum-exp: M = max m_s, L = Σ l_s·e^{m_s−M},
 // out = Σ acc_s·e^{m_s−M} / L, lse = M + log L. The whole cache is never dequantized at once.
 #include <algorithm>
@@ -55,37 +57,189 @@ struct Task {
   int64_t part;      // offset (in rows) of this task's partial results
 };
 
-/// One decoded K/V tile [t0, t1) against the query rows of one task (GQA group × query tokens): scores, online
-/// softmax (src/cpu/online_softmax.hpp) and O += P·V (cpu::pv_row). Rows are r = qi·g + hh; row qi sees the keys
-/// [row_first(qi), row_last(qi)) of `rule`. Compiled for AVX-512 / AVX2 / baseline and picked at load time.
+/// o[0..len) += Σ_{j < cols} w[j] · v[j·ld + 0..len) (one output row over a slice of channels; cpu::pv_row with a
+/// leading dimension). Four keys per pass.
+FLASHKV_ALWAYS_INLINE void pv_slice(const float* __restrict w, int cols, const float* __restrict v, int64_t ld,
+                                    int64_t len, float* __restrict o) {
+  int j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
+    const float* v0 = v + j * ld;
+    const float* v1 = v0 + ld;
+    const float* v2 = v1 + ld;
+    const float* v3 = v2 + ld;
+    for (int64_t c = 0; c < len; ++c) o[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
+  }
+  for (; j < cols; ++j) {
+    const float wj = w[j];
+    const float* vj = v + j * ld;
+    for (int64_t c = 0; c < len; ++c) o[c] += wj * vj[c];
+  }
+}
+
+/// Scratch of one worker: scores [g][kTile], V weights [kTile], per-channel-scaled queries [g][d] and biases [g].
+struct Scratch {
+  float* sc;
+  float* w;
+  float* qe;
+  float* bias;
+};
+
+/// One decoded K/V tile [t0, t1) in factored form (kv::FactoredTile) against the query rows of one task (GQA group ×
+/// query tokens). Rows are r = qi·g + hh; row qi sees the keys [row_first(qi), row_last(qi)) of `rule`.
+///   scores: s = alpha_j · (q ⊙ cs)·raw_j + beta_j · Σq + q·cz — the affine part of K applied once per key (or, for
+///           KIVI keys, folded into q once per tile) instead of once per element; four rows share each raw K row.
+///   O += P·V̂ (online softmax, src/cpu/online_softmax.hpp) as Σ_j (p_j·alpha_jg)·raw_j + (Σ_j p_j·beta_jg) per channel
+///           group g of V.
+/// The same float32 math as on the dequantized tile up to float32 rounding. Compiled for AVX-512 / AVX2 / baseline.
+/// Sum of 16 lanes by halving (vector shuffles + adds; an `omp simd` reduction of four accumulators is lowered by GCC
+/// to 16 dependent scalar adds each).
+FLASHKV_ALWAYS_INLINE float hsum16(float* a) {
+  for (int l = 0; l < 8; ++l) a[l] += a[l + 8];
+  for (int l = 0; l < 4; ++l) a[l] += a[l + 4];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/// sc[h·kTile + j] = q_h · k_j for the g query rows qg [g][d] and keys kb [cnt][d].
+FLASHKV_ALWAYS_INLINE void scores_rows(const float* qg, int64_t g, int64_t d, const float* kb, int cnt, float* sc) {
+  int64_t h0 = 0;
+  if (d % 16 == 0) {
+    for (; h0 + 4 <= g; h0 += 4) {  // four query rows share every K row load, 16 lanes per row
+      const float* q0 = qg + h0 * d;
+      const float* q1 = q0 + d;
+      const float* q2 = q1 + d;
+      const float* q3 = q2 + d;
+      float* s0 = sc + h0 * kTile;
+      for (int j = 0; j < cnt; ++j) {
+        const float* kr = kb + j * d;
+        float a0[16] = {}, a1[16] = {}, a2[16] = {}, a3[16] = {};
+        for (int64_t c = 0; c < d; c += 16) {
+          for (int l = 0; l < 16; ++l) {
+            const float k = kr[c + l];
+            a0[l] += q0[c + l] * k;
+            a1[l] += q1[c + l] * k;
+            a2[l] += q2[c + l] * k;
+            a3[l] += q3[c + l] * k;
+          }
+        }
+        s0[j] = hsum16(a0);
+        s0[kTile + j] = hsum16(a1);
+        s0[2 * kTile + j] = hsum16(a2);
+        s0[3 * kTile + j] = hsum16(a3);
+      }
+    }
+  }
+  for (; h0 + 4 <= g; h0 += 4) {  // four query rows share every K row load (decode: g = 4 rows per kv-head)
+    const float* q0 = qg + h0 * d;
+    const float* q1 = q0 + d;
+    const float* q2 = q1 + d;
+    const float* q3 = q2 + d;
+    float* s0 = sc + h0 * kTile;
+    for (int j = 0; j < cnt; ++j) {
+      const float* kr = kb + j * d;
+      float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+      for (int64_t c = 0; c < d; ++c) {
+        const float k = kr[c];
+        d0 += q0[c] * k;
+        d1 += q1[c] * k;
+        d2 += q2[c] * k;
+        d3 += q3[c] * k;
+      }
+      s0[j] = d0;
+      s0[kTile + j] = d1;
+      s0[2 * kTile + j] = d2;
+      s0[3 * kTile + j] = d3;
+    }
+  }
+  for (; h0 < g; ++h0) {
+    const float* qr = qg + h0 * d;
+    float* s0 = sc + h0 * kTile;
+    for (int j = 0; j < cnt; ++j) {
+      const float* kr = kb + j * d;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
+      s0[j] = dot;
+    }
+  }
+}
+
 FLASHKV_CPU_CLONES
 void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, int64_t d, int64_t t0, int64_t t1,
-                 const float* qrow, const float* kt, const float* vt, float softcap, float* acc, float* mm, float* ll,
-                 float* sc) {
+                 const float* qrow, const float* qsum, const kv::FactoredTile& K, const kv::FactoredTile& V,
+                 float softcap, float* acc, float* mm, float* ll, const Scratch& scr) {
+  float* sc = scr.sc;
+  const int64_t nt = t1 - t0;
   for (int64_t qi = qa; qi < qb; ++qi) {
     const int64_t j0 = std::max(t0, rule.row_first(qi)), j1 = std::min(t1, rule.row_last(qi));
     if (j1 <= j0) continue;
     const int cnt = static_cast<int>(j1 - j0);
+    const float* qg = qrow + qi * g * d;
+    if (!K.per_channel) {
+      scores_rows(qg, g, d, K.raw + (j0 - t0) * d, cnt, sc);
+    } else {  // KIVI keys, per token group u: q' = q ⊙ scale_u, score = q'·codes + q·min_u
+      for (int64_t u0 = (j0 - t0) / K.tokens * K.tokens; u0 < j1 - t0; u0 += K.tokens) {
+        const int64_t a0 = std::max(u0, j0 - t0), a1 = std::min(u0 + K.tokens, j1 - t0);
+        const float* cs = K.cs + (u0 / K.tokens) * d;
+        const float* cz = K.cz + (u0 / K.tokens) * d;
+        for (int64_t hh = 0; hh < g; ++hh) {
+          const float* qr = qg + hh * d;
+          float* qe = scr.qe + hh * d;
+          float b = 0.0f;
+#pragma omp simd reduction(+ : b)
+          for (int64_t c = 0; c < d; ++c) {
+            qe[c] = qr[c] * cs[c];
+            b += qr[c] * cz[c];
+          }
+          scr.bias[hh] = b;
+        }
+        const int64_t off = a0 - (j0 - t0);
+        scores_rows(scr.qe, g, d, K.raw + a0 * d, static_cast<int>(a1 - a0), sc + off);
+        for (int64_t hh = 0; hh < g; ++hh) {
+          float* srow = sc + hh * kTile + off;
+          const float b = scr.bias[hh];
+          for (int64_t j = 0; j < a1 - a0; ++j) srow[j] += b;
+        }
+      }
+    }
     for (int64_t hh = 0; hh < g; ++hh) {
       const int64_t r = qi * g + hh;
-      const float* qr = qrow + r * d;
-      for (int j = 0; j < cnt; ++j) {
-        const float* kr = kt + (j0 - t0 + j) * d;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
-        sc[j] = dot;
+      float* srow = sc + hh * kTile;
+      if (K.group > 0) {  // per-token K factors (group == head_dim for keys)
+        const float* al = K.alpha + (j0 - t0);
+        const float* be = K.beta + (j0 - t0);
+        const float qs = qsum[r];
+        for (int j = 0; j < cnt; ++j) srow[j] = al[j] * srow[j] + be[j] * qs;
       }
       if (softcap > 0.0f) {
-        for (int j = 0; j < cnt; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
+        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
       }
       cpu::OnlineSoftmaxRow st{mm[r], ll[r]};
       float* a = acc + r * d;
-      const float alpha = cpu::online_softmax_scores_to_p(st, sc, cnt);
+      const float alpha = cpu::online_softmax_scores_to_p(st, srow, cnt);
       if (alpha != 1.0f) {
         for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
       }
-      cpu::pv_row(sc, cnt, vt + (j0 - t0) * d, static_cast<int>(d), a);
+      const float* vb = V.raw + (j0 - t0) * d;
+      if (V.group == 0) {
+        cpu::pv_row(srow, cnt, vb, static_cast<int>(d), a);
+      } else {
+        const int64_t gs = V.group, ngv = d / gs;
+        for (int64_t gi = 0; gi < ngv; ++gi) {
+          const float* al = V.alpha + gi * nt + (j0 - t0);
+          const float* be = V.beta + gi * nt + (j0 - t0);
+          float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+          for (int j = 0; j < cnt; ++j) {
+            scr.w[j] = srow[j] * al[j];
+            z += srow[j] * be[j];
+          }
+          float* ag = a + gi * gs;
+          pv_slice(scr.w, cnt, vb + gi * gs, d, gs, ag);
+          for (int64_t c = 0; c < gs; ++c) ag[c] += z;
+        }
+      }
       mm[r] = st.m;
       ll[r] = st.l;
     }
@@ -206,8 +360,22 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> kt(static_cast<size_t>(kTile * d)), vt(static_cast<size_t>(kTile * d)), sc(kTile);
-    std::vector<float> qrow;
+    // K and V tiles in factored form: raw [kTile][d], alpha / beta [groups][n], cs / cz [kTile / 16][d]
+    std::vector<float> kbuf(static_cast<size_t>(kTile * d * 3 + 2 * (kTile / 16) * d)), vbuf(kbuf.size());
+    auto tile_of = [&](std::vector<float>& b) {
+      kv::FactoredTile t;
+      t.raw = b.data();
+      t.alpha = t.raw + kTile * d;
+      t.beta = t.alpha + kTile * d;
+      t.cs = t.beta + kTile * d;
+      t.cz = t.cs + (kTile / 16) * d;
+      return t;
+    };
+    kv::FactoredTile kft = tile_of(kbuf), vft = tile_of(vbuf);
+    std::vector<float> scratch(static_cast<size_t>(kTile * g + kTile + g * d + g));
+    const Scratch scr{scratch.data(), scratch.data() + kTile * g, scratch.data() + kTile * g + kTile,
+                      scratch.data() + kTile * g + kTile + g * d};
+    std::vector<float> qrow, qsum;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ti = 0; ti < ntasks; ++ti) {
       const Task& T = tasks[static_cast<size_t>(ti)];
@@ -224,6 +392,12 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
           for (int64_t c = 0; c < d; ++c) qr[c] *= scale;
         }
       }
+      qsum.resize(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < d; ++c) sum += qrow[static_cast<size_t>(r * d + c)];
+        qsum[static_cast<size_t>(r)] = sum;
+      }
       float* acc = part_acc.data() + T.part * d;
       float* mm = part_m.data() + T.part;
       float* ll = part_l.data() + T.part;
@@ -235,9 +409,9 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
         int64_t qa = 0, qb = 0;
         rule.block_query_range(t0, t1, &qa, &qb);
         if (qb <= qa) return;
-        m.decode_range(s, layer, 0, T.hk, t0, t1, kt.data());
-        m.decode_range(s, layer, 1, T.hk, t0, t1, vt.data());
-        tile_update(rule, qa, qb, g, d, t0, t1, qrow.data(), kt.data(), vt.data(), softcap, acc, mm, ll, sc.data());
+        m.decode_range_factored(s, layer, 0, T.hk, t0, t1, kft);
+        m.decode_range_factored(s, layer, 1, T.hk, t0, t1, vft);
+        tile_update(rule, qa, qb, g, d, t0, t1, qrow.data(), qsum.data(), kft, vft, softcap, acc, mm, ll, scr);
       });
     }
   }

@@ -87,6 +87,9 @@ struct PagedKVCache::Impl {
   /// Decodes positions [p0, p1) of (seq, layer, half, head) into out [p1 − p0][head_dim] float, in the stored
   /// (rotated) basis. The range must lie inside one region: sinks, one page of the quantized stream, or residual.
   void decode_range(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0, int64_t p1, float* out) const;
+  /// decode_range in the codec's factored form (kv::FactoredTile); window tiles come back fully decoded (group 0).
+  void decode_range_factored(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0, int64_t p1,
+                             kv::FactoredTile& t) const;
   /// Splits [p0, p1) into region/page-aligned tiles of at most max_tile tokens and calls fn(t0, t1) for each.
   template <class F>
   void for_each_tile(const Seq& s, int32_t layer, int64_t p0, int64_t p1, int64_t max_tile, F&& fn) const {

@@ -20,6 +20,23 @@
 
 namespace flashkv::kv {
 
+/// A decoded tile in factored form, so that attention can apply the affine part of a format once per key (on the
+/// score, or on p for V) instead of once per element:
+///   x̂[t][c] = alpha[t][c / group] · cs[c] · raw[t][c] + beta[t][c / group] + cz[c]
+/// group == 0: no per-token factors (alpha = 1, beta = 0); per_channel == false: cs = 1, cz = 0. raw is [n][head_dim];
+/// alpha / beta are channel-group major [head_dim / group][n] (unit stride over tokens); cs / cz are
+/// [ceil(n / tokens)][head_dim]: KIVI keys, one row per token group of `tokens` tokens (the tile starts on a group).
+struct FactoredTile {
+  float* raw = nullptr;
+  float* alpha = nullptr;
+  float* beta = nullptr;
+  float* cs = nullptr;
+  float* cz = nullptr;
+  int32_t group = 0;
+  bool per_channel = false;
+  int32_t tokens = 0;  ///< per_channel: tokens per cs / cz row
+};
+
 class KVCodec {
  public:
   virtual ~KVCodec() = default;
@@ -37,6 +54,15 @@ class KVCodec {
   /// Decodes slots [slot, slot + n) of one page-head into out [n][head_dim].
   virtual void decode(int32_t head, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
                       float* out) const = 0;
+  /// Decodes slots [slot, slot + n) into the factored form of t (raw, alpha, beta must hold n·head_dim floats,
+  /// cs, cz ceil(n / 16)·head_dim; the codec sets t.group / t.per_channel / t.tokens). Default: the full
+  /// decode into t.raw with group = 0.
+  virtual void decode_factored(int32_t head, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
+                               FactoredTile& t) const {
+    t.group = 0;
+    t.per_channel = false;
+    decode(head, codes, meta, slot, n, t.raw);
+  }
 
  protected:
   KVCodec(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_t page_size);

@@ -168,6 +168,38 @@ void decode_kivi_key_tile(const uint8_t* codes, const uint8_t* meta, int32_t slo
   }
 }
 
+/// Raw codes of one tile as floats (no affine): out[t][c] = code of channel c. Planar unpack as above.
+template <int kBits, int kD>
+FLASHKV_ALWAYS_INLINE void codes_tile_t(const uint8_t* __restrict codes, int32_t slot, int32_t n, int32_t d_rt,
+                                        float* __restrict out) {
+  constexpr int32_t kPlanes = 8 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int32_t d = kD > 0 ? kD : d_rt;
+  const int64_t cb = static_cast<int64_t>(d) * kBits / 8;
+  const int32_t plane_len = d / kPlanes;
+  for (int32_t t = 0; t < n; ++t) {
+    const uint8_t* src = codes + (slot + t) * cb;
+    float* o = out + static_cast<int64_t>(t) * d;
+    for (int32_t p = 0; p < kPlanes; ++p) {
+      float* op = o + p * plane_len;
+      for (int32_t c = 0; c < plane_len; ++c) {
+        op[c] = static_cast<float>((static_cast<uint32_t>(src[c]) >> (p * kBits)) & kMask);
+      }
+    }
+  }
+}
+
+FLASHKV_CPU_CLONES
+void codes_tile(const uint8_t* codes, int32_t slot, int32_t n, int32_t d, int32_t bits, float* out) {
+  if (bits == 8) {
+    if (d == 128) { codes_tile_t<8, 128>(codes, slot, n, d, out); } else { codes_tile_t<8, 0>(codes, slot, n, d, out); }
+  } else if (bits == 4) {
+    if (d == 128) { codes_tile_t<4, 128>(codes, slot, n, d, out); } else { codes_tile_t<4, 0>(codes, slot, n, d, out); }
+  } else {
+    if (d == 128) { codes_tile_t<2, 128>(codes, slot, n, d, out); } else { codes_tile_t<2, 0>(codes, slot, n, d, out); }
+  }
+}
+
 /// int8 / int4 / KIVI-V: per token, groups of `group` channels, [fp16 scale, fp16 min] per group.
 class IntTokenCodec final : public KVCodec {
  public:
@@ -194,6 +226,25 @@ class IntTokenCodec final : public KVCodec {
   void decode(int32_t, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
               float* out) const override {
     decode_token_tile(codes, meta, slot, n, head_dim_, group_, bits_, out);
+  }
+
+  /// One group per token: raw = codes, alpha = scale, beta = min. Several groups per token (int _gN, KIVI values) keep
+  /// the full decode: a key score would need one dot product per group, and for values the per-group p weights cost
+  /// more than the one FMA per element they save (measured: KIVI-V 0.95× vs 1.17× bf16 speed).
+  void decode_factored(int32_t head, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
+                       FactoredTile& t) const override {
+    const int32_t ng = head_dim_ / group_;
+    if (ng > 1) {
+      KVCodec::decode_factored(head, codes, meta, slot, n, t);
+      return;
+    }
+    codes_tile(codes, slot, n, head_dim_, bits_, t.raw);
+    const uint8_t* m = meta + static_cast<int64_t>(slot) * ng * 4;
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t g = 0; g < ng; ++g) load_meta(m + 4 * (i * ng + g), t.alpha + g * n + i, t.beta + g * n + i);
+    }
+    t.group = group_;
+    t.per_channel = false;
   }
 
  private:
@@ -229,6 +280,33 @@ class KiviKeyCodec final : public KVCodec {
               float* out) const override {
     decode_kivi_key_tile(codes, meta, slot, n, head_dim_, bytes_.tokens_per_group, bits_, bytes_.meta_bytes_per_group,
                          out);
+  }
+
+  /// raw = codes, cs / cz = per-channel scale / min, one row per token group of the tile (KIVI §3.2; attention folds
+  /// cs into q once per group). A tile that starts mid-group and straddles groups keeps the full decode.
+  void decode_factored(int32_t head, const uint8_t* codes, const uint8_t* meta, int32_t slot, int32_t n,
+                       FactoredTile& t) const override {
+    const int32_t G = bytes_.tokens_per_group;
+    if (n <= 0 || (slot % G != 0 && slot / G != (slot + n - 1) / G)) {
+      KVCodec::decode_factored(head, codes, meta, slot, n, t);
+      return;
+    }
+    codes_tile(codes, slot, n, head_dim_, bits_, t.raw);
+    for (int32_t gi = slot / G, row = 0; gi * G < slot + n; ++gi, ++row) {
+      const uint8_t* m = meta + static_cast<int64_t>(gi) * bytes_.meta_bytes_per_group;
+      float* cs = t.cs + static_cast<int64_t>(row) * head_dim_;
+      float* cz = t.cz + static_cast<int64_t>(row) * head_dim_;
+      for (int32_t c = 0; c < head_dim_; ++c) {
+        uint16_t sb, zb;
+        std::memcpy(&sb, m + 2 * c, 2);
+        std::memcpy(&zb, m + 2 * (head_dim_ + c), 2);
+        cs[c] = half_to_float_finite(sb);
+        cz[c] = half_to_float_finite(zb);
+      }
+    }
+    t.group = 0;
+    t.per_channel = true;
+    t.tokens = slot % G == 0 ? G : n;  // a tile inside one group that starts mid-group: one row
   }
 
  private:

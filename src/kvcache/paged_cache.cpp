@@ -120,6 +120,23 @@ void PagedKVCache::Impl::decode_range(const Seq& s, int32_t layer, int half, int
   }
 }
 
+void PagedKVCache::Impl::decode_range_factored(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0,
+                                               int64_t p1, kv::FactoredTile& t) const {
+  const int64_t S = cfg.sink_tokens;
+  const int64_t nq = s.nq[static_cast<size_t>(layer)];
+  if (p0 >= S && p0 < S + nq) {
+    const int64_t i = p0 - S;
+    const int32_t page = s.pages[static_cast<size_t>(i / cfg.page_size)];
+    const kv::KVCodec& codec = half == 0 ? *kcodec : *vcodec;
+    codec.decode_factored(head, code_ptr(page, layer, half, head), meta_ptr(page, layer, half, head),
+                          static_cast<int32_t>(i % cfg.page_size), static_cast<int32_t>(p1 - p0), t);
+    return;
+  }
+  t.group = 0;
+  t.per_channel = false;
+  decode_range(s, layer, half, head, p0, p1, t.raw);
+}
+
 // ---- public API -----------------------------------------------------------------------------------------------------
 PagedKVCache::PagedKVCache(const KVCacheConfig& config) : impl_(std::make_unique<Impl>(config)) {}
 PagedKVCache::~PagedKVCache() = default;
