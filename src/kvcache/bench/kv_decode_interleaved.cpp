@@ -1,10 +1,8 @@
 // In-process, interleaved variant of bench_kv_decode for noisy (shared) machines: builds the seven format caches once
 // (same random K/V), then runs rounds in which every format does `inner` decode steps in turn, and prints the median
 // over rounds of wall and thread-CPU time per step and the ratio to bf16. Same shapes as bench_kv_decode (32 query /
-// 8 KV heads, head_dim 128, batch 1, page 64). Build next to build_standalone.sh's objects:
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc src/kvcache/bench/kv_decode_interleaved.cpp \
-//       $(ls OUT/obj/*.o | grep -v bench_kv_decode) -o OUT/kv_decode_interleaved
-//   OUT/kv_decode_interleaved CONTEXT ROUNDS THREADS        (env FMTS="bf16;int4;..." to pick formats)
+// 8 KV heads, head_dim 128, batch 1, page 64). CMake target `kv_decode_interleaved`:
+//   build/<preset>/bin/kv_decode_interleaved CONTEXT ROUNDS THREADS    (env FMTS="bf16;int4;..." to pick formats)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
