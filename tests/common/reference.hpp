@@ -5,12 +5,14 @@
 //                    its dtype, readable back as float64;
 //   * reference_mask / reference_forward / reference_backward: naive attention in float64 built from the definitions
 //     in include/flashkv/attention.hpp, with an explicit boolean mask — deliberately independent of src/core/mask.hpp;
+//     reference_forward_varlen / reference_backward_varlen apply them per sequence of a packed (cu_seqlens) batch;
 //   * a rounding hook so the same code yields the "naive computation in low precision" baseline of the tolerance rule
 //     (inputs, S, P, output and gradients rounded to float16/bfloat16 like a PyTorch reference without upcasting).
 // Layouts: fixed-length bshd, contiguous float64 vectors: q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv],
 // out/dout [B, Sq, H, Dv], lse [B, H, Sq].
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -325,6 +327,84 @@ inline void reference_backward(const RefShape& s, const RefOptions& o, const std
   for (double& x : dq) x = rnd(x);
   for (double& x : dk) x = rnd(x);
   for (double& x : dv) x = rnd(x);
+}
+
+// ---- varlen (packed) float64 reference ------------------------------------------------------------------------------
+
+/// A batch of independent sequences packed along the row dimension, as the varlen API takes them: sequence b owns rows
+/// [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q/out/dout and rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k/v; empty
+/// sequences allowed. Layouts: q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv], out/dout [total_q, H, Dv],
+/// lse [H, total_q]. Fixed-length bshd tensors [B, S, H, D] are the special case cu = {0, S, 2S, ...}
+/// (uniform_cu_seqlens), with lse in [H, B·S] order instead of [B, H, S].
+struct RefVarlenShape {
+  std::vector<int64_t> cu_seqlens_q, cu_seqlens_k;  ///< [batch + 1], 0 first, non-decreasing
+  int64_t num_heads = 1, num_heads_kv = 1, head_dim = 1, head_dim_v = 1;
+  int64_t batch() const { return cu_seqlens_q.empty() ? 0 : static_cast<int64_t>(cu_seqlens_q.size()) - 1; }
+  int64_t total_q() const { return cu_seqlens_q.empty() ? 0 : cu_seqlens_q.back(); }
+  int64_t total_k() const { return cu_seqlens_k.empty() ? 0 : cu_seqlens_k.back(); }
+};
+
+/// {0, seqlen, 2·seqlen, ..., batch·seqlen}.
+inline std::vector<int64_t> uniform_cu_seqlens(int64_t batch, int64_t seqlen) {
+  std::vector<int64_t> cu(static_cast<std::size_t>(batch + 1));
+  for (int64_t b = 0; b <= batch; ++b) cu[static_cast<std::size_t>(b)] = b * seqlen;
+  return cu;
+}
+
+namespace detail {
+/// Rows [row0, row0 + rows) of a packed [rows, row_len] vector.
+inline std::vector<double> ref_rows(const std::vector<double>& x, int64_t row0, int64_t rows, int64_t row_len) {
+  return std::vector<double>(x.begin() + row0 * row_len, x.begin() + (row0 + rows) * row_len);
+}
+}  // namespace detail
+
+/// reference_forward applied to each sequence of a packed batch (masks are per sequence, bottom-right aligned).
+inline void reference_forward_varlen(const RefVarlenShape& s, const RefOptions& o, const std::vector<double>& q,
+                                     const std::vector<double>& k, const std::vector<double>& v,
+                                     std::vector<double>& out, std::vector<double>& lse,
+                                     const Rounder& rnd = no_rounding()) {
+  const int64_t h = s.num_heads, hk = s.num_heads_kv, d = s.head_dim, dv = s.head_dim_v, tq = s.total_q();
+  out.assign(static_cast<std::size_t>(tq * h * dv), 0.0);
+  lse.assign(static_cast<std::size_t>(h * tq), 0.0);
+  std::vector<double> o1, l1;
+  for (int64_t b = 0; b < s.batch(); ++b) {
+    const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
+    const int64_t k0 = s.cu_seqlens_k[b], lk = s.cu_seqlens_k[b + 1] - k0;
+    if (lq == 0) continue;
+    const RefShape one{1, lq, lk, h, hk, d, dv};
+    reference_forward(one, o, detail::ref_rows(q, q0, lq, h * d), detail::ref_rows(k, k0, lk, hk * d),
+                      detail::ref_rows(v, k0, lk, hk * dv), o1, l1, rnd);
+    std::copy(o1.begin(), o1.end(), out.begin() + q0 * h * dv);
+    for (int64_t hh = 0; hh < h; ++hh) {
+      for (int64_t i = 0; i < lq; ++i) lse[static_cast<std::size_t>(hh * tq + q0 + i)] = l1[hh * lq + i];
+    }
+  }
+}
+
+/// reference_backward applied to each sequence of a packed batch: dq/dk/dv in the layouts of q/k/v (dk/dv of keys
+/// that no query sees are 0).
+inline void reference_backward_varlen(const RefVarlenShape& s, const RefOptions& o, const std::vector<double>& q,
+                                      const std::vector<double>& k, const std::vector<double>& v,
+                                      const std::vector<double>& dout, std::vector<double>& dq,
+                                      std::vector<double>& dk, std::vector<double>& dv,
+                                      const Rounder& rnd = no_rounding()) {
+  const int64_t h = s.num_heads, hk = s.num_heads_kv, d = s.head_dim, dvd = s.head_dim_v;
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  std::vector<double> dq1, dk1, dv1;
+  for (int64_t b = 0; b < s.batch(); ++b) {
+    const int64_t q0 = s.cu_seqlens_q[b], lq = s.cu_seqlens_q[b + 1] - q0;
+    const int64_t k0 = s.cu_seqlens_k[b], lk = s.cu_seqlens_k[b + 1] - k0;
+    if (lq == 0 || lk == 0) continue;
+    const RefShape one{1, lq, lk, h, hk, d, dvd};
+    reference_backward(one, o, detail::ref_rows(q, q0, lq, h * d), detail::ref_rows(k, k0, lk, hk * d),
+                       detail::ref_rows(v, k0, lk, hk * dvd), detail::ref_rows(dout, q0, lq, h * dvd), dq1, dk1,
+                       dv1, rnd);
+    std::copy(dq1.begin(), dq1.end(), dq.begin() + q0 * h * d);
+    std::copy(dk1.begin(), dk1.end(), dk.begin() + k0 * hk * d);
+    std::copy(dv1.begin(), dv1.end(), dv.begin() + k0 * hk * dvd);
+  }
 }
 
 // ---- error measures -------------------------------------------------------------------------------------------------

@@ -3,21 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <random>
-#include <string>
 
 #include "cuda_test_util.hpp"
-
-namespace flashkv::cudatest {
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    if (const char* s = std::getenv("FLASHKV_TEST_SEED")) return static_cast<uint64_t>(std::stoull(s));
-    return static_cast<uint64_t>(std::random_device{}());
-  }();
-  return seed;
-}
-}  // namespace flashkv::cudatest
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
@@ -27,7 +14,7 @@ int main(int argc, char** argv) {
       std::printf("no CUDA device: skipping\n");
       return 77;
     }
-    std::printf("FLASHKV_TEST_SEED=%llu\n", static_cast<unsigned long long>(flashkv::cudatest::test_seed()));
+    flashkv::testing::test_seed();  // prints "[flashkv-test] seed = N (reproduce with FLASHKV_TEST_SEED=N)"
   }
   return RUN_ALL_TESTS();
 }

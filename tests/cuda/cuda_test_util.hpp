@@ -1,5 +1,5 @@
-// Helpers shared by the CUDA backend tests: device buffers, seeded random 16-bit tensors, the "no device -> exit 77"
-// main, and error measurement.
+// Helpers shared by the CUDA backend tests: device buffers and seeded random 16-bit tensors. The seed, the float64
+// references and the error measures are those of every other layer's tests (tests/common/reference.hpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,13 +12,22 @@
 #include <random>
 #include <vector>
 
+#include "common/reference.hpp"
 #include "core/float16.hpp"
 #include "flashkv/types.hpp"
 
 namespace flashkv::cudatest {
 
-/// Seed for this process: FLASHKV_TEST_SEED or a fresh random one (printed by main()).
-uint64_t test_seed();
+// Shared test support (tests/common/reference.hpp): the process seed (FLASHKV_TEST_SEED or fresh, printed once), the
+// float64 reference with its low-precision "naive" twin, and the error measures.
+using flashkv::testing::max_abs_diff;
+using flashkv::testing::no_rounding;
+using flashkv::testing::reference_backward_varlen;
+using flashkv::testing::reference_forward_varlen;
+using flashkv::testing::RefOptions;
+using flashkv::testing::RefVarlenShape;
+using flashkv::testing::rounding_to;
+using flashkv::testing::test_seed;
 
 inline void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -56,7 +65,6 @@ struct DevBuf {
 
 inline uint16_t to_bits(float f, DType t) { return t == DType::bfloat16 ? float_to_bf16(f) : float_to_fp16(f); }
 inline float from_bits(uint16_t b, DType t) { return t == DType::bfloat16 ? bf16_to_float(b) : fp16_to_float(b); }
-inline float round_to(float f, DType t) { return from_bits(to_bits(f, t), t); }
 
 /// n random N(0, scale^2) values rounded to dtype: bits for the device, the exact rounded values for the reference.
 struct HostTensor {
@@ -78,17 +86,6 @@ inline std::vector<double> decode(const std::vector<uint16_t>& bits, DType t) {
   std::vector<double> v(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) v[i] = from_bits(bits[i], t);
   return v;
-}
-
-/// max |a - b| over all elements; NaN anywhere -> +inf.
-inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(a[i] - b[i]);
-    if (std::isnan(d)) return INFINITY;
-    m = d > m ? d : m;
-  }
-  return m;
 }
 
 inline TensorView dev_view(const DevBuf& b, DType t, std::initializer_list<int64_t> shape) {

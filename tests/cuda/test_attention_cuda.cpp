@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "attention_reference.hpp"
 #include "core/validate.hpp"
 #include "cuda/attention_cuda.hpp"
 #include "cuda_test_util.hpp"
@@ -20,7 +19,7 @@
 namespace flashkv::cudatest {
 namespace {
 
-bool full_tests() { return std::getenv("FLASHKV_FULL_TESTS") != nullptr; }
+using flashkv::testing::full_tests;  // FLASHKV_FULL_TESTS=1
 
 struct Case {
   DType dtype = DType::bfloat16;
@@ -43,17 +42,41 @@ struct Case {
   }
 };
 
+/// Inputs of one case. The reference sees every case as packed rows (fixed-length [B, S, H, D] is the varlen special
+/// case cu = {0, S, 2S, ...}), so `ref` is a RefVarlenShape and reference lse is [H, total_q].
+struct RefProblem {
+  RefVarlenShape shape;
+  RefOptions opts;
+  std::vector<int32_t> cu_q, cu_k;  ///< device copies of shape.cu_seqlens_q/k
+  int batch = 1;
+  int total_q() const { return static_cast<int>(shape.total_q()); }
+  int total_k() const { return static_cast<int>(shape.total_k()); }
+};
 struct CaseData {
   RefProblem ref;
   HostTensor q, k, v;
   int64_t pitch;  // elements between heads (head_dim, or head_dim + 3 when strided)
 };
 
-RoundFn rounder(DType t) {
-  return [t](double x) { return static_cast<double>(round_to(static_cast<float>(x), t)); };
+struct RefForward {
+  std::vector<double> out, lse;  ///< out [total_q, H, D], lse [H, total_q]
+};
+/// float64 reference (rnd = no_rounding()) or the naive same-precision computation (rnd = rounding_to(dtype)).
+RefForward ref_forward(const RefProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                       const std::vector<double>& v, const flashkv::testing::Rounder& rnd) {
+  RefForward r;
+  reference_forward_varlen(p.shape, p.opts, q, k, v, r.out, r.lse, rnd);
+  return r;
 }
-RoundFn identity() {
-  return [](double x) { return x; };
+struct RefGrads {
+  std::vector<double> dq, dk, dv;
+};
+RefGrads ref_backward(const RefProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                      const std::vector<double>& v, const std::vector<double>& dout,
+                      const flashkv::testing::Rounder& rnd) {
+  RefGrads g;
+  reference_backward_varlen(p.shape, p.opts, q, k, v, dout, g.dq, g.dk, g.dv, rnd);
+  return g;
 }
 
 /// Tensor with `rows` x heads x head_dim logical elements stored with head pitch `pitch`.
@@ -98,16 +121,20 @@ CaseData make_run(const Case& c, std::mt19937_64& rng) {
   RefProblem& p = r.ref;
   const bool varlen = !c.varlen_q.empty();
   p.batch = varlen ? static_cast<int>(c.varlen_q.size()) : c.batch;
-  p.num_heads = c.heads, p.num_heads_kv = c.heads_kv, p.head_dim = c.head_dim;
+  p.shape.num_heads = c.heads, p.shape.num_heads_kv = c.heads_kv;
+  p.shape.head_dim = p.shape.head_dim_v = c.head_dim;
   p.cu_q = {0}, p.cu_k = {0};
   for (int b = 0; b < p.batch; ++b) {
     p.cu_q.push_back(p.cu_q.back() + (varlen ? c.varlen_q[b] : c.seqlen_q));
     p.cu_k.push_back(p.cu_k.back() + (varlen ? c.varlen_k[b] : c.seqlen_k));
   }
-  p.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  p.window_left = c.window_left;
-  p.window_right = c.causal ? 0 : c.window_right;
-  p.softcap = c.softcap;
+  p.shape.cu_seqlens_q.assign(p.cu_q.begin(), p.cu_q.end());
+  p.shape.cu_seqlens_k.assign(p.cu_k.begin(), p.cu_k.end());
+  p.opts.softmax_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  p.opts.causal = c.causal;
+  p.opts.window_size_left = c.window_left;
+  p.opts.window_size_right = c.window_right;
+  p.opts.softcap = c.softcap;
   r.pitch = c.strided ? c.head_dim + 3 : c.head_dim;
   r.q = random_pitched(p.total_q(), c.heads, c.head_dim, r.pitch, c.dtype, rng);
   r.k = random_pitched(p.total_k(), c.heads_kv, c.head_dim, r.pitch, c.dtype, rng);
@@ -170,18 +197,12 @@ std::vector<double> lse_to_ref(const std::vector<float>& l, const Case& c, const
       }
   return out;
 }
+/// max |a - ref| over rows with a visible key; a row with no visible key must be exactly -inf in both (lse error of
+/// +inf otherwise, also for a kernel -inf/NaN where the reference is finite).
 double lse_err(const std::vector<double>& a, const std::vector<double>& ref) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(ref[i]) || std::isinf(a[i])) {
-      if (a[i] != ref[i]) return INFINITY;
-      continue;
-    }
-    const double d = std::fabs(a[i] - ref[i]);
-    if (std::isnan(d)) return INFINITY;
-    m = std::max(m, d);
-  }
-  return m;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::isinf(a[i]) && a[i] != ref[i]) return INFINITY;
+  return max_abs_diff(a, ref);
 }
 
 /// Runs the forward case; returns false (and records a failure) on a tolerance violation.
@@ -194,8 +215,8 @@ void check_forward(const Case& c) {
   const auto out = unpitch(d.out.download<uint16_t>(d.out.bytes / 2), r.ref.total_q(), c.heads, c.head_dim, r.pitch,
                            c.dtype);
   const auto lse = lse_to_ref(d.lse.download<float>(d.lse.bytes / 4), c, r.ref);
-  const RefForward ref = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, identity());
-  const RefForward naive = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, rounder(c.dtype));
+  const RefForward ref = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, no_rounding());
+  const RefForward naive = ref_forward(r.ref, r.q.val, r.k.val, r.v.val, rounding_to(c.dtype));
   const double err = max_abs_diff(out, ref.out), naive_err = max_abs_diff(naive.out, ref.out);
   EXPECT_LE(err, 2 * naive_err + 1e-5) << "out: kernel err " << err << " vs naive " << naive_err;
   const double lerr = lse_err(lse, ref.lse), naive_lerr = lse_err(naive.lse, ref.lse);
@@ -353,8 +374,8 @@ void check_backward(const Case& c) {
   cuda::attention_forward_cuda(d.forward_problem(c), nullptr);
   const HostTensor dout = random_pitched(r.ref.total_q(), c.heads, c.head_dim, r.pitch, c.dtype, rng);
   const BwdResult g = run_backward(c, r, d, dout);
-  const RefGrads ref = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, identity());
-  const RefGrads naive = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, rounder(c.dtype));
+  const RefGrads ref = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, no_rounding());
+  const RefGrads naive = ref_backward(r.ref, r.q.val, r.k.val, r.v.val, dout.val, rounding_to(c.dtype));
   const int tq = r.ref.total_q(), tk = r.ref.total_k();
   const struct {
     const char* name;

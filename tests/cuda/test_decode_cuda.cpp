@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "attention_reference.hpp"
 #include "cuda/decode_cuda.hpp"
 #include "cuda_test_util.hpp"
 #include "flashkv/error.hpp"
@@ -66,17 +65,18 @@ void check_decode(const DecodeCase& c) {
     return (static_cast<size_t>(table[b * c.max_pages + j / c.page_size]) * c.page_size + j % c.page_size) * Hk * D;
   };
   // Reference: gather every sequence (cache then appended tokens) into packed rows.
-  RefProblem rp;
-  rp.batch = B, rp.num_heads = H, rp.num_heads_kv = Hk, rp.head_dim = D;
-  rp.scale = 1.0 / std::sqrt(static_cast<double>(D));
-  rp.window_right = 0;  // causal, bottom-right
-  rp.softcap = c.softcap;
-  rp.cu_q = {0}, rp.cu_k = {0};
+  RefVarlenShape rp;
+  rp.num_heads = H, rp.num_heads_kv = Hk, rp.head_dim = rp.head_dim_v = D;
+  RefOptions ro;
+  ro.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  ro.causal = true;  // bottom-right: query i of S sees the cache and the new tokens up to its own
+  ro.softcap = c.softcap;
+  rp.cu_seqlens_q = {0}, rp.cu_seqlens_k = {0};
   std::vector<double> kref, vref;
   for (int b = 0; b < B; ++b) {
     const int sk = lens[b] + (c.append ? S : 0);
-    rp.cu_q.push_back(rp.cu_q.back() + S);
-    rp.cu_k.push_back(rp.cu_k.back() + sk);
+    rp.cu_seqlens_q.push_back(rp.cu_seqlens_q.back() + S);
+    rp.cu_seqlens_k.push_back(rp.cu_seqlens_k.back() + sk);
     for (int j = 0; j < sk; ++j) {
       for (int e = 0; e < Hk * D; ++e) {
         if (j < lens[b]) {
@@ -89,10 +89,11 @@ void check_decode(const DecodeCase& c) {
       }
     }
   }
-  const RefForward ref = ref_forward(rp, q.val, kref, vref, [](double x) { return x; });
-  const RefForward naive = ref_forward(rp, q.val, kref, vref, [&](double x) {
-    return static_cast<double>(round_to(static_cast<float>(x), c.dtype));
-  });
+  struct {
+    std::vector<double> out, lse;  // out [B·S, H, D], lse [H, B·S]
+  } ref, naive;
+  reference_forward_varlen(rp, ro, q.val, kref, vref, ref.out, ref.lse, no_rounding());
+  reference_forward_varlen(rp, ro, q.val, kref, vref, naive.out, naive.lse, rounding_to(c.dtype));
   const double naive_err = max_abs_diff(naive.out, ref.out);
 
   auto run = [&](int num_splits, bool check_append) -> DecodeResult {
@@ -138,7 +139,7 @@ void check_decode(const DecodeCase& c) {
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int i = 0; i < S; ++i) {
-          const double want = ref.lse[static_cast<size_t>(h) * rp.total_q() + rp.cu_q[b] + i];
+          const double want = ref.lse[static_cast<size_t>(h * rp.total_q() + rp.cu_seqlens_q[b] + i)];
           const double got = r->lse[(static_cast<size_t>(b) * H + h) * S + i];
           if (std::isinf(want)) {
             EXPECT_TRUE(std::isinf(got) && got < 0) << "lse of an empty row must be -inf, got " << got;
