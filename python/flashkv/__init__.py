@@ -5,6 +5,7 @@ Accepts numpy arrays (and objects with __array_interface__ / CPU __dlpack__) and
 """
 from ._library import CapacityError, UnsupportedError, library_path
 from ._attention import attention, attention_backward, attention_varlen, attention_varlen_backward
+from ._decode import paged_decode  # split-KV paged decode on CUDA (flashkv_cuda_decode; python/flashkv/_decode.py)
 from .kvcache import KVCache, kv_memory_estimate  # noqa: F401  (quantized paged KV cache; python/flashkv/kvcache.py)
 
 __version__ = "0.1.0"  # kept equal to project(flashkv VERSION ...) in CMakeLists.txt (checked by tests/python)
@@ -23,6 +24,7 @@ __all__ = [
     "attention_backward",
     "attention_varlen",
     "attention_varlen_backward",
+    "paged_decode",
     "library_path",
     "library_version",
     "UnsupportedError",

@@ -84,6 +84,21 @@ class AttentionOptions(ctypes.Structure):
     ]
 
 
+class DecodeOptions(ctypes.Structure):
+    """flashkv_decode_options (include/flashkv/flashkv_cuda.h; filled by flashkv_decode_options_default)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("has_softmax_scale", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("num_splits", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int64),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
 def _candidates() -> list[Path]:
     out: list[Path] = []
     env = os.environ.get("FLASHKV_LIBRARY")
@@ -121,6 +136,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = res
+    # CUDA-only entry points (flashkv_cuda.h): exported by every build (a build without CUDA answers
+    # FLASHKV_ERROR_UNSUPPORTED); declared only when present so that an older library still loads.
+    DO = ctypes.POINTER(DecodeOptions)
+    optional = {
+        "flashkv_decode_options_default": ([DO], ctypes.c_int),
+        "flashkv_cuda_decode": ([T, T, T, T, T, T, T, T, T, DO], ctypes.c_int),
+    }
+    for name, (args, res) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes = args
+            fn.restype = res
 
 
 def lib() -> ctypes.CDLL:

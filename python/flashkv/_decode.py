@@ -1,0 +1,158 @@
+"""Split-KV paged decode on CUDA (flash-decoding) over the C function ``flashkv_cuda_decode``
+(include/flashkv/flashkv_cuda.h; semantics in src/cuda/decode_cuda.hpp).
+
+Algorithm: the keys of each sequence are split into ``num_splits`` chunks processed by separate thread blocks, each
+producing a partial output and its log-sum-exp, which a combine kernel merges exactly (Dao et al. 2023,
+"Flash-Decoding for long-context inference"; FlashAttention-3's split-KV with the query heads of one KV head packed
+into one tile, "PackGQA"). The result is exact attention, equal to ``flashkv.attention`` on the gathered keys up to
+float32 rounding.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+from . import _library as L
+from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
+
+
+def _int32_arg(x: Any, name: str) -> TensorArg:
+    """An int32 table (page_table, cache_seqlens); a torch tensor of another dtype is a TypeError naming it."""
+    if x is None:
+        raise TypeError(f"flashkv: argument '{name}': expected an int32 array or tensor, got None")
+    tname = str(getattr(x, "dtype", ""))
+    if tname.startswith("torch.") and tname != "torch.int32":
+        raise TypeError(f"flashkv: argument '{name}': expected int32, got {tname}")
+    return to_tensor(x, name)  # numpy of another dtype: the library reports it (TypeError naming the argument)
+
+
+def _options(softmax_scale: Any, causal: Any, softcap: Any, num_splits: Any, max_seqlen_k: Any) -> L.DecodeOptions:
+    o = L.DecodeOptions()
+    L.check(L.lib().flashkv_decode_options_default(ctypes.byref(o)))
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(
+                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
+            )
+        o.has_softmax_scale = 1
+        o.softmax_scale = float(softmax_scale)
+        if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
+            raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
+    o.causal = 1 if causal else 0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
+    o.softcap = float(softcap)
+    for name, value in (("num_splits", num_splits), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(value).__name__}")
+    if not 0 <= num_splits <= 256:
+        raise ValueError(f"flashkv: argument 'num_splits': expected 0 (auto) .. 256, got {num_splits}")
+    if max_seqlen_k < 0:
+        raise ValueError(
+            f"flashkv: argument 'max_seqlen_k': expected >= 0 (0 = page-table capacity), got {max_seqlen_k}"
+        )
+    o.num_splits = num_splits
+    o.max_seqlen_k = max_seqlen_k
+    return o
+
+
+def paged_decode(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    page_table: Any,
+    cache_seqlens: Any,
+    *,
+    k_new: Any = None,
+    v_new: Any = None,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    max_seqlen_k: int = 0,
+    out: Any = None,
+    return_lse: bool = False,
+) -> Any:
+    """Attention of a few new query tokens per sequence against a paged bf16/fp16 KV cache on CUDA, optionally
+    appending the new tokens' K/V to the cache first (split-KV "flash-decoding").
+
+    Shapes (bshd; every tensor a torch CUDA tensor on q's device, last dimension contiguous):
+        q              [batch, seqlen_q, num_heads, head_dim]       the new tokens' queries (seqlen_q small, e.g. 1)
+        k_cache/v_cache [num_pages, page_size, num_heads_kv, head_dim] physical pages, shared by all sequences;
+                       page_size (shape[1]) a power of two in 16..256
+        page_table     [batch, max_pages] int32: token t of sequence b lives in page page_table[b, t // page_size],
+                       row t % page_size. Or None: then k_cache/v_cache are contiguous
+                       [batch, capacity, num_heads_kv, head_dim] caches (sequence b in k_cache[b]).
+        cache_seqlens  [batch] int32: tokens already in the cache for each sequence.
+        k_new/v_new    None, or both [batch, seqlen_q, num_heads_kv, head_dim]: the new tokens' keys and values.
+        out            None (allocated) or a preallocated [batch, seqlen_q, num_heads, head_dim] tensor, written.
+    Returns out [batch, seqlen_q, num_heads, head_dim] (same dtype/device as q), and lse [batch, num_heads, seqlen_q]
+    float32 (natural log; -inf for a row that sees no key, whose out is 0) if return_lse.
+
+    Semantics:
+        * With k_new/v_new, token i of sequence b is first written into the cache at position cache_seqlens[b] + i
+          (through the page table; k_cache and v_cache are modified in place), and attention covers
+          seqlen_k = cache_seqlens[b] + seqlen_q tokens. Without them it covers seqlen_k = cache_seqlens[b].
+        * cache_seqlens is NOT updated: after an append the caller adds seqlen_q to it for the next step.
+        * The cache holds at most capacity = max_pages * page_size tokens per sequence (shape[1] without a page
+          table). Appended tokens past the capacity are dropped and attention stops at the capacity; size the page
+          table so this never happens. Page ids are not checked on the device: every id among the first
+          ceil(seqlen_k / page_size) entries of a row must be < num_pages (out-of-range ids read or write other
+          memory). Entries past those are never read.
+        * causal (default True) is bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q, i.e. each new
+          token sees the cache and the new tokens up to itself. causal=False lets every query see all seqlen_k keys.
+        * softmax_scale defaults to 1/sqrt(head_dim); softcap > 0 applies softcap * tanh(score / softcap).
+        * GQA/MQA: num_heads a multiple of num_heads_kv; the query heads of one KV head are processed together.
+        * num_splits: 0 = heuristic (FlashAttention-3's: split only when batch x kv heads leaves SMs idle), 1 = no
+          split, n = n splits (<= 256). Any choice gives the same result up to float32 rounding.
+          max_seqlen_k: an upper bound of cache_seqlens used only by that heuristic (0 = the capacity).
+        * Runs asynchronously on torch.cuda.current_stream() of q's device; no synchronization, no host copies of
+          cache_seqlens or page_table.
+
+    dtypes: q, k_cache, v_cache, k_new, v_new, out: one dtype, torch.bfloat16 or torch.float16 (float32 accumulation);
+    page_table, cache_seqlens: torch.int32. head_dim a multiple of 8, <= 256, and compiled for decode (64 and 128 by
+    default; a smaller head_dim runs on the next compiled one; see docs/gpu.md).
+
+    Errors (each names the argument, expected vs actual):
+        TypeError: wrong dtype (e.g. float32, or mixed bf16/fp16), an int64 page_table/cache_seqlens, tensors on
+            different devices (CPU with CUDA, or two GPUs), not an array/tensor.
+        ValueError: wrong rank or shape, page_size not a power of two in 16..256, head_dim not a multiple of 8 or
+            > 256, num_heads not a multiple of num_heads_kv, only one of k_new/v_new, softcap < 0, softmax_scale <= 0,
+            num_splits outside 0..256, max_seqlen_k < 0, pointers or strides not 16-byte aligned.
+        flashkv.UnsupportedError: the library was built without the CUDA backend (the message says so), or the
+            head_dim/dtype combination is not compiled (the message lists what is), or batch > 65535.
+    """
+    if (k_new is None) != (v_new is None):
+        missing = "v_new" if v_new is None else "k_new"
+        raise ValueError(f"flashkv: argument '{missing}': expected k_new and v_new given together, got only one")
+    lib = L.lib()
+    if getattr(lib, "flashkv_cuda_decode", None) is None:
+        raise L.UnsupportedError(f"flashkv: {L.library_path()} has no flashkv_cuda_decode (an older library)")
+    o = _options(softmax_scale, causal, softcap, num_splits, max_seqlen_k)
+    tq, tk, tv = to_tensor(q, "q"), to_tensor(k_cache, "k_cache"), to_tensor(v_cache, "v_cache")
+    tpt = _int32_arg(page_table, "page_table") if page_table is not None else None
+    tsl = _int32_arg(cache_seqlens, "cache_seqlens")
+    tkn = to_tensor(k_new, "k_new") if k_new is not None else None
+    tvn = to_tensor(v_new, "v_new") if v_new is not None else None
+    if len(tq.shape) != 4:
+        raise ValueError(
+            f"flashkv: argument 'q': expected 4 dimensions [batch, seqlen_q, num_heads, head_dim], got "
+            f"{len(tq.shape)} dimensions {list(tq.shape)}"
+        )
+    tout = new_output(tq, tq.shape, "out") if out is None else to_tensor(out, "out")
+    batch, seqlen_q, num_heads = tq.shape[:3]
+    tlse = new_output(tq, (batch, num_heads, seqlen_q), "lse", float32=True) if return_lse else None
+    stream = cuda_stream([tq, tk, tv, tout])
+    if stream is not None:
+        o.stream = stream
+    ptr = lambda t: t.ptr if t is not None else None  # noqa: E731
+    L.check(
+        lib.flashkv_cuda_decode(
+            tq.ptr, tk.ptr, tv.ptr, ptr(tpt), tsl.ptr, ptr(tkn), ptr(tvn), tout.ptr, ptr(tlse), ctypes.byref(o)
+        )
+    )
+    return (tout.obj, tlse.obj) if return_lse else tout.obj
+
+
+__all__ = ["paged_decode"]
