@@ -22,15 +22,14 @@
 #include "core/float16.hpp"
 #include "core/mask.hpp"
 #include "core/validate.hpp"
-#include "cpu/online_softmax.hpp"
-#include "cpu/tile_math.hpp"
 #include "kvcache/cache_impl.hpp"
+#include "kvcache/decode_tile.hpp"
 
 namespace flashkv {
 
 namespace {
 
-constexpr int64_t kTile = 64;  // max tokens per decoded tile
+constexpr int64_t kTile = kv::kDecodeTile;  // max tokens per tile
 
 float load_q(const TensorView& t, int64_t i, int64_t h, int64_t c) {
   const int64_t off = i * t.strides[0] + h * t.strides[1] + c * t.strides[2];
@@ -57,193 +56,64 @@ struct Task {
   int64_t part;      // offset (in rows) of this task's partial results
 };
 
-/// o[0..len) += Σ_{j < cols} w[j] · v[j·ld + 0..len) (one output row over a slice of channels; cpu::pv_row with a
-/// leading dimension). Four keys per pass.
-FLASHKV_ALWAYS_INLINE void pv_slice(const float* __restrict w, int cols, const float* __restrict v, int64_t ld,
-                                    int64_t len, float* __restrict o) {
-  int j = 0;
-  for (; j + 4 <= cols; j += 4) {
-    const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
-    const float* v0 = v + j * ld;
-    const float* v1 = v0 + ld;
-    const float* v2 = v1 + ld;
-    const float* v3 = v2 + ld;
-    for (int64_t c = 0; c < len; ++c) o[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
-  }
-  for (; j < cols; ++j) {
-    const float wj = w[j];
-    const float* vj = v + j * ld;
-    for (int64_t c = 0; c < len; ++c) o[c] += wj * vj[c];
-  }
-}
-
-/// Scratch of one worker: scores [g][kTile], V weights [kTile], per-channel-scaled queries [g][d] and biases [g].
-struct Scratch {
-  float* sc;
-  float* w;
-  float* qe;
-  float* bias;
+/// How the fused kernels read one half's quantized pages (decode_fused.hpp); code none = the codec decodes the tile.
+struct HalfPlan {
+  kv::RawCode code = kv::RawCode::none;
+  kv::TileFactors factors = kv::TileFactors::none;
+  float mul = 1.0f;           // token_f32 multiplier (e4m3: 2^8)
+  std::vector<float> scales;  // uniform: per kv-head multiplier (static fp8 scale, e4m3: × 2^8)
+  int32_t ng = 1, group = 0;
 };
 
-/// One decoded K/V tile [t0, t1) in factored form (kv::FactoredTile) against the query rows of one task (GQA group ×
-/// query tokens). Rows are r = qi·g + hh; row qi sees the keys [row_first(qi), row_last(qi)) of `rule`.
-///   scores: s = alpha_j · (q ⊙ cs)·raw_j + beta_j · Σq + q·cz — the affine part of K applied once per key (or, for
-///           KIVI keys, folded into q once per tile) instead of once per element; four rows share each raw K row.
-///   O += P·V̂ (online softmax, src/cpu/online_softmax.hpp) as Σ_j (p_j·alpha_jg)·raw_j + (Σ_j p_j·beta_jg) per channel
-///           group g of V.
-/// The same float32 math as on the dequantized tile up to float32 rounding. Compiled for AVX-512 / AVX2 / baseline.
-/// Sum of 16 lanes by halving (vector shuffles + adds; an `omp simd` reduction of four accumulators is lowered by GCC
-/// to 16 dependent scalar adds each).
-FLASHKV_ALWAYS_INLINE float hsum16(float* a) {
-  for (int l = 0; l < 8; ++l) a[l] += a[l + 8];
-  for (int l = 0; l < 4; ++l) a[l] += a[l + 4];
-  return (a[0] + a[2]) + (a[1] + a[3]);
-}
-
-/// sc[h·kTile + j] = q_h · k_j for the g query rows qg [g][d] and keys kb [cnt][d].
-FLASHKV_ALWAYS_INLINE void scores_rows(const float* qg, int64_t g, int64_t d, const float* kb, int cnt, float* sc) {
-  int64_t h0 = 0;
-  if (d % 16 == 0) {
-    for (; h0 + 4 <= g; h0 += 4) {  // four query rows share every K row load, 16 lanes per row
-      const float* q0 = qg + h0 * d;
-      const float* q1 = q0 + d;
-      const float* q2 = q1 + d;
-      const float* q3 = q2 + d;
-      float* s0 = sc + h0 * kTile;
-      for (int j = 0; j < cnt; ++j) {
-        const float* kr = kb + j * d;
-        float a0[16] = {}, a1[16] = {}, a2[16] = {}, a3[16] = {};
-        for (int64_t c = 0; c < d; c += 16) {
-          for (int l = 0; l < 16; ++l) {
-            const float k = kr[c + l];
-            a0[l] += q0[c + l] * k;
-            a1[l] += q1[c + l] * k;
-            a2[l] += q2[c + l] * k;
-            a3[l] += q3[c + l] * k;
-          }
-        }
-        s0[j] = hsum16(a0);
-        s0[kTile + j] = hsum16(a1);
-        s0[2 * kTile + j] = hsum16(a2);
-        s0[3 * kTile + j] = hsum16(a3);
-      }
-    }
-  }
-  for (; h0 + 4 <= g; h0 += 4) {  // four query rows share every K row load (decode: g = 4 rows per kv-head)
-    const float* q0 = qg + h0 * d;
-    const float* q1 = q0 + d;
-    const float* q2 = q1 + d;
-    const float* q3 = q2 + d;
-    float* s0 = sc + h0 * kTile;
-    for (int j = 0; j < cnt; ++j) {
-      const float* kr = kb + j * d;
-      float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-#pragma omp simd reduction(+ : d0, d1, d2, d3)
-      for (int64_t c = 0; c < d; ++c) {
-        const float k = kr[c];
-        d0 += q0[c] * k;
-        d1 += q1[c] * k;
-        d2 += q2[c] * k;
-        d3 += q3[c] * k;
-      }
-      s0[j] = d0;
-      s0[kTile + j] = d1;
-      s0[2 * kTile + j] = d2;
-      s0[3 * kTile + j] = d3;
-    }
-  }
-  for (; h0 < g; ++h0) {
-    const float* qr = qg + h0 * d;
-    float* s0 = sc + h0 * kTile;
-    for (int j = 0; j < cnt; ++j) {
-      const float* kr = kb + j * d;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
-      s0[j] = dot;
-    }
-  }
-}
-
-FLASHKV_CPU_CLONES
-void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, int64_t d, int64_t t0, int64_t t1,
-                 const float* qrow, const float* qsum, const kv::FactoredTile& K, const kv::FactoredTile& V,
-                 float softcap, float* acc, float* mm, float* ll, const Scratch& scr) {
-  float* sc = scr.sc;
-  const int64_t nt = t1 - t0;
-  for (int64_t qi = qa; qi < qb; ++qi) {
-    const int64_t j0 = std::max(t0, rule.row_first(qi)), j1 = std::min(t1, rule.row_last(qi));
-    if (j1 <= j0) continue;
-    const int cnt = static_cast<int>(j1 - j0);
-    const float* qg = qrow + qi * g * d;
-    if (!K.per_channel) {
-      scores_rows(qg, g, d, K.raw + (j0 - t0) * d, cnt, sc);
-    } else {  // KIVI keys, per token group u: q' = q ⊙ scale_u, score = q'·codes + q·min_u
-      for (int64_t u0 = (j0 - t0) / K.tokens * K.tokens; u0 < j1 - t0; u0 += K.tokens) {
-        const int64_t a0 = std::max(u0, j0 - t0), a1 = std::min(u0 + K.tokens, j1 - t0);
-        const float* cs = K.cs + (u0 / K.tokens) * d;
-        const float* cz = K.cz + (u0 / K.tokens) * d;
-        for (int64_t hh = 0; hh < g; ++hh) {
-          const float* qr = qg + hh * d;
-          float* qe = scr.qe + hh * d;
-          float b = 0.0f;
-#pragma omp simd reduction(+ : b)
-          for (int64_t c = 0; c < d; ++c) {
-            qe[c] = qr[c] * cs[c];
-            b += qr[c] * cz[c];
-          }
-          scr.bias[hh] = b;
-        }
-        const int64_t off = a0 - (j0 - t0);
-        scores_rows(scr.qe, g, d, K.raw + a0 * d, static_cast<int>(a1 - a0), sc + off);
-        for (int64_t hh = 0; hh < g; ++hh) {
-          float* srow = sc + hh * kTile + off;
-          const float b = scr.bias[hh];
-          for (int64_t j = 0; j < a1 - a0; ++j) srow[j] += b;
+HalfPlan plan_half(const KVFormatSpec& spec, bool is_key, int32_t d, int32_t H, const std::vector<float>& cfg_scales) {
+  HalfPlan p;
+  if (!kv::fused_supported(d)) return p;
+  switch (spec.format) {
+    case KVFormat::bf16: p.code = kv::RawCode::bf16; break;
+    case KVFormat::fp8_e4m3:
+    case KVFormat::fp8_e5m2: {
+      const bool e4m3 = spec.format == KVFormat::fp8_e4m3;
+      const float mul = e4m3 ? 256.0f : 1.0f;  // the e4m3 route yields value · 2^-8
+      p.code = e4m3 ? kv::RawCode::e4m3 : kv::RawCode::e5m2;
+      if (spec.dynamic_scale) {
+        p.factors = kv::TileFactors::token_f32;
+        p.mul = mul;
+      } else {  // static scale: as Fp8Codec (1 value = per tensor, H values = per kv-head, else 1.0)
+        p.factors = kv::TileFactors::uniform;
+        p.scales.assign(static_cast<size_t>(H), 1.0f);
+        if (cfg_scales.size() == 1) p.scales.assign(static_cast<size_t>(H), cfg_scales[0]);
+        if (cfg_scales.size() == static_cast<size_t>(H)) p.scales = cfg_scales;
+        for (float& x : p.scales) {
+          x *= mul;
+          if (!std::isfinite(x)) return HalfPlan{};
         }
       }
+      break;
     }
-    for (int64_t hh = 0; hh < g; ++hh) {
-      const int64_t r = qi * g + hh;
-      float* srow = sc + hh * kTile;
-      if (K.group > 0) {  // per-token K factors (group == head_dim for keys)
-        const float* al = K.alpha + (j0 - t0);
-        const float* be = K.beta + (j0 - t0);
-        const float qs = qsum[r];
-        for (int j = 0; j < cnt; ++j) srow[j] = al[j] * srow[j] + be[j] * qs;
+    case KVFormat::int8:
+    case KVFormat::int4:
+    case KVFormat::int4_kivi:
+    case KVFormat::int2_kivi: {
+      const int32_t bits = spec.code_bits();
+      p.code = bits == 8 ? kv::RawCode::u8 : bits == 4 ? kv::RawCode::u4 : kv::RawCode::u2;
+      if (spec.is_kivi() && is_key) {
+        p.factors = kv::TileFactors::kivi_key;
+        break;
       }
-      if (softcap > 0.0f) {
-        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
-      }
-      cpu::OnlineSoftmaxRow st{mm[r], ll[r]};
-      float* a = acc + r * d;
-      const float alpha = cpu::online_softmax_scores_to_p(st, srow, cnt);
-      if (alpha != 1.0f) {
-        for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
-      }
-      const float* vb = V.raw + (j0 - t0) * d;
-      if (V.group == 0) {
-        cpu::pv_row(srow, cnt, vb, static_cast<int>(d), a);
-      } else {
-        const int64_t gs = V.group, ngv = d / gs;
-        for (int64_t gi = 0; gi < ngv; ++gi) {
-          const float* al = V.alpha + gi * nt + (j0 - t0);
-          const float* be = V.beta + gi * nt + (j0 - t0);
-          float z = 0.0f;
-#pragma omp simd reduction(+ : z)
-          for (int j = 0; j < cnt; ++j) {
-            scr.w[j] = srow[j] * al[j];
-            z += srow[j] * be[j];
-          }
-          float* ag = a + gi * gs;
-          pv_slice(scr.w, cnt, vb + gi * gs, d, gs, ag);
-          for (int64_t c = 0; c < gs; ++c) ag[c] += z;
-        }
-      }
-      mm[r] = st.m;
-      ll[r] = st.l;
+      const int32_t group = spec.is_kivi() ? (spec.group_size > 0 ? spec.group_size : 32)
+                                           : (spec.group_size > 0 ? spec.group_size : d);
+      p.factors = kv::TileFactors::token_int;
+      p.group = group;
+      p.ng = d / group;
+      // keys: one group per token only (several groups would need one dot product per group); values: weight
+      // groups of 16 / 32 channels or whole 64-channel blocks (decode_avx512.cpp, pv_block)
+      const bool ok = d % group == 0 && (is_key ? p.ng == 1 : (group == 16 || group == 32 || group % 64 == 0));
+      if (!ok) return HalfPlan{};
+      break;
     }
+    default: break;  // fp32 / fp16: the codec decodes the tile
   }
+  return p;
 }
 
 }  // namespace
@@ -356,11 +226,61 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
   std::vector<float> part_m(static_cast<size_t>(part_rows)), part_l(static_cast<size_t>(part_rows));
 
   // ---- per-task online softmax over tiles ---------------------------------------------------------------------------
+  // Tiles of the quantized stream go to the fused kernels in place when the format allows (plan_half), the bf16 sink /
+  // residual window likewise; anything else is decoded by the codec into a factored float tile first.
+  const HalfPlan plans[2] = {plan_half(m.cfg.k_format, true, static_cast<int32_t>(d), static_cast<int32_t>(H),
+                                       m.cfg.k_scales),
+                             plan_half(m.cfg.v_format, false, static_cast<int32_t>(d), static_cast<int32_t>(H),
+                                       m.cfg.v_scales)};
+  const bool fused_window = kv::fused_supported(static_cast<int32_t>(d));
+  auto half_tile = [&](const Impl::Seq& s, int32_t hk, int half, int64_t t0, int64_t t1, kv::FactoredTile& ft) {
+    kv::HalfTile h;
+    const int64_t S = m.cfg.sink_tokens, nq = s.nq[static_cast<size_t>(layer)];
+    const HalfPlan& plan = plans[half];
+    if (t0 >= S && t0 < S + nq) {
+      if (plan.code != kv::RawCode::none) {
+        const KVFormatBytes& fb = half == 0 ? m.kb : m.vb;
+        const int64_t i = t0 - S;
+        const int32_t page = s.pages[static_cast<size_t>(i / m.cfg.page_size)];
+        const int32_t slot = static_cast<int32_t>(i % m.cfg.page_size);
+        const uint8_t* meta = m.meta_ptr(page, layer, half, hk);
+        h.code = plan.code;
+        h.rb = fb.code_bytes_per_token_head;
+        h.codes = m.code_ptr(page, layer, half, hk) + slot * h.rb;
+        h.factors = plan.factors;
+        h.mul = plan.mul;
+        h.ng = plan.ng;
+        h.group = plan.group;
+        switch (plan.factors) {
+          case kv::TileFactors::uniform: h.mul = plan.scales[static_cast<size_t>(hk)]; break;
+          case kv::TileFactors::token_f32: h.meta = meta + 4 * static_cast<int64_t>(slot); break;
+          case kv::TileFactors::token_int: h.meta = meta + 4 * static_cast<int64_t>(slot) * plan.ng; break;
+          case kv::TileFactors::kivi_key:
+            h.meta = meta;
+            h.kivi_g = fb.tokens_per_group;
+            h.slot0 = slot;
+            h.kivi_meta_bytes = fb.meta_bytes_per_group;
+            break;
+          case kv::TileFactors::none: break;
+        }
+        return h;
+      }
+    } else if (fused_window) {  // bf16 window rows: contiguous slots (for_each_tile splits at the ring's wrap)
+      h.code = kv::RawCode::bf16;
+      h.rb = 2 * d;
+      h.codes = reinterpret_cast<const uint8_t*>(m.win_ptr(s, layer, half, hk) + m.win_slot(t0) * d);
+      return h;
+    }
+    m.decode_range_factored(s, layer, half, hk, t0, t1, ft);
+    h.dec = &ft;
+    return h;
+  };
   const float softcap = options.softcap;
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(threads)
   {
-    // K and V tiles in factored form: raw [kTile][d], alpha / beta [groups][n], cs / cz [kTile / 16][d]
+    // K and V tiles in factored form for the generic path: raw [kTile][d], alpha / beta [groups][n], cs / cz
+    // [kTile / 16][d]
     std::vector<float> kbuf(static_cast<size_t>(kTile * d * 3 + 2 * (kTile / 16) * d)), vbuf(kbuf.size());
     auto tile_of = [&](std::vector<float>& b) {
       kv::FactoredTile t;
@@ -372,9 +292,7 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
       return t;
     };
     kv::FactoredTile kft = tile_of(kbuf), vft = tile_of(vbuf);
-    std::vector<float> scratch(static_cast<size_t>(kTile * g + kTile + g * d + g));
-    const Scratch scr{scratch.data(), scratch.data() + kTile * g, scratch.data() + kTile * g + kTile,
-                      scratch.data() + kTile * g + kTile + g * d};
+    kv::TileScratch scr(g, d);
     std::vector<float> qrow, qsum;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ti = 0; ti < ntasks; ++ti) {
@@ -409,9 +327,9 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
         int64_t qa = 0, qb = 0;
         rule.block_query_range(t0, t1, &qa, &qb);
         if (qb <= qa) return;
-        m.decode_range_factored(s, layer, 0, T.hk, t0, t1, kft);
-        m.decode_range_factored(s, layer, 1, T.hk, t0, t1, vft);
-        tile_update(rule, qa, qb, g, d, t0, t1, qrow.data(), qsum.data(), kft, vft, softcap, acc, mm, ll, scr);
+        const kv::HalfTile kt = half_tile(s, T.hk, 0, t0, t1, kft);
+        const kv::HalfTile vt = half_tile(s, T.hk, 1, t0, t1, vft);
+        kv::tile_update(rule, qa, qb, g, d, t0, t1, qrow.data(), qsum.data(), kt, vt, softcap, acc, mm, ll, scr);
       });
     }
   }

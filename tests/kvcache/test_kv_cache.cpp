@@ -120,6 +120,7 @@ struct AttnCase {
   float softcap = 0.0f;
   int32_t splits = 0;
   DType qdtype = DType::float32;
+  std::vector<float> k_scales{}, v_scales{};  // static fp8 scales
 };
 
 /// Runs one case; checks cache attention vs the float64 reference on the dequantized K/V (kernel error) and returns
@@ -129,6 +130,8 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
   KVCacheConfig cfg = make_config(cs.dtype, 2, cs.H, cs.d, cs.P, cs.R, cs.S, 512);
   if (cs.rotate) cfg.rotation = KVRotation::hadamard;
   cfg.rotation_seed = salt;
+  cfg.k_scales = ac.k_scales;
+  cfg.v_scales = ac.v_scales;
   PagedKVCache c(cfg);
   auto g = kvtest::rng(salt);
   const int64_t B = static_cast<int64_t>(ac.lens.size());
@@ -282,29 +285,65 @@ TEST(KVCacheAttention, WindowsSinksRotationGqaPrefillSoftcapSplits) {
 
 TEST(KVCacheAttention, NaNGarbageInUnusedSlotsNeverReachesOutput) {
   // Pages are filled with 0xFF (NaN / maximal codes) when reserved and when freed. A sequence re-using freed pages
-  // with partially filled last pages must give finite outputs equal to the reference.
-  for (const char* f : {"fp32", "bf16", "fp8_e4m3", "int8", "int4_g32", "int2_kivi"}) {
-    PagedKVCache c(make_config(f, 1, 1, 32, 32, 0, 0, 4));
-    auto g = kvtest::rng(77);
-    std::vector<float> k = kvtest::randn(g, 100 * 32), v = kvtest::randn(g, 100 * 32);
-    c.add_sequence(0);
-    append_chunks(c, 0, 0, k, v, 100, {100});
-    c.remove_sequence(0);
-    c.add_sequence(1);
-    append_chunks(c, 1, 0, k, v, 33, {33});  // second page holds 1 token (or 0 for KIVI: 33 → 32 quantized + 1 ring)
-    std::vector<float> q = kvtest::randn(g, 32), out(32), lse(1);
-    const int64_t ids[] = {1};
-    const int32_t cu[] = {0, 1};
-    TensorView lv = TensorView::contiguous(lse.data(), DType::float32, {1, 1});
-    c.attention(ids, cu, 0, kvtest::view3(q, 1, 1, 32), kvtest::view3(out, 1, 1, 32), &lv);
-    const kvtest::KV dq = kvtest::dequant(c, 1, 0);
-    std::vector<double> ref, rl;
-    kvtest::reference_attention(q, 1, 1, dq.k, dq.v, 33, 1, 32, 1 / std::sqrt(32.0), true, -1, 0, ref, rl);
-    for (int e = 0; e < 32; ++e) {
-      ASSERT_TRUE(std::isfinite(out[static_cast<size_t>(e)])) << f;
-      EXPECT_NEAR(out[static_cast<size_t>(e)], ref[static_cast<size_t>(e)], 1e-5) << f;
+  // with partially filled last pages must give finite outputs equal to the reference. head_dim 32: the codec-decoded
+  // tile path; 64 / 128: the fused kernels that read the packed pages in place (on CPUs with AVX-512).
+  for (const int32_t d : {32, 64, 128}) {
+    for (const char* f : {"fp32", "bf16", "fp8_e4m3", "fp8_e5m2_dynamic", "int8", "int4", "int4_g32", "int4_kivi",
+                          "int2_kivi", "k:int8,v:int2_kivi"}) {
+      PagedKVCache c(make_config(f, 1, 1, d, 32, 0, 0, 4));
+      auto g = kvtest::rng(77);
+      std::vector<float> k = kvtest::randn(g, 100 * static_cast<size_t>(d)), v = kvtest::randn(g, k.size());
+      c.add_sequence(0);
+      append_chunks(c, 0, 0, k, v, 100, {100});
+      c.remove_sequence(0);
+      c.add_sequence(1);
+      append_chunks(c, 1, 0, k, v, 33, {33});  // second page holds 1 token (or 0 for KIVI: 33 → 32 quantized + 1 ring)
+      std::vector<float> q = kvtest::randn(g, static_cast<size_t>(d)), out(static_cast<size_t>(d)), lse(1);
+      const int64_t ids[] = {1};
+      const int32_t cu[] = {0, 1};
+      TensorView lv = TensorView::contiguous(lse.data(), DType::float32, {1, 1});
+      c.attention(ids, cu, 0, kvtest::view3(q, 1, 1, d), kvtest::view3(out, 1, 1, d), &lv);
+      const kvtest::KV dq = kvtest::dequant(c, 1, 0);
+      std::vector<double> ref, rl;
+      kvtest::reference_attention(q, 1, 1, dq.k, dq.v, 33, 1, d, 1 / std::sqrt(static_cast<double>(d)), true, -1, 0,
+                                  ref, rl);
+      for (int e = 0; e < d; ++e) {
+        ASSERT_TRUE(std::isfinite(out[static_cast<size_t>(e)])) << f << " d=" << d;
+        EXPECT_NEAR(out[static_cast<size_t>(e)], ref[static_cast<size_t>(e)], 1e-5) << f << " d=" << d;
+      }
+      EXPECT_TRUE(std::isfinite(lse[0]));
     }
-    EXPECT_TRUE(std::isfinite(lse[0]));
+  }
+}
+
+TEST(KVCacheAttention, DecodeKernelsEveryFormatHeadDimAndGqaGroup) {
+  // The decode tile kernels (fused AVX-512 path where the CPU has it, else the codec-decoded path) against the float64
+  // reference on the dequantized K/V: head_dim 64 / 128 / 256, GQA groups 1, 3, 4, 6 (query rows in blocks of four
+  // plus a remainder), tiles ending mid-block of four keys, several pages, splits starting inside a KIVI group,
+  // per-channel-group values (16 / 32 / 64 channels), static fp8 scales per kv-head, sinks + residual window.
+  uint64_t salt = 1300;
+  const char* formats[] = {"bf16",          "fp8_e4m3",      "fp8_e5m2",      "fp8_e4m3_dynamic", "int8",
+                           "int4",          "int4_kivi",     "int2_kivi",     "int4_kivi_g16",    "k:int8,v:int8_g32",
+                           "k:int4,v:int4_g64", "k:int8_g32,v:int4", "k:fp16,v:int2_kivi", "k:int2_kivi,v:fp32"};
+  for (const char* f : formats) {
+    for (const int32_t d : {64, 128, 256}) {
+      for (const auto& [H, Hq] : {std::pair{2, 8}, std::pair{1, 3}, std::pair{2, 12}, std::pair{1, 1}}) {
+        if (d == 256 && Hq > 3) continue;  // keep the test quick
+        AttnCase ac;
+        ac.c = Case{f, H, Hq, d, 64, 0, 0};
+        ac.lens = {1, 63, 130, 301};
+        ac.nqs = {1, 1, 1, 2};
+        ac.splits = 3;
+        if (Hq == 12) {
+          ac.c.R = 16;
+          ac.c.S = 3;
+          ac.k_scales = {0.25f, 3.0f};
+          ac.v_scales = {0.5f};
+        }
+        SCOPED_TRACE(std::string(f) + " d=" + std::to_string(d) + " Hq=" + std::to_string(Hq));
+        run_attention_case(ac, salt++);
+      }
+    }
   }
 }
 

@@ -1,0 +1,314 @@
+// AVX-512 implementation of the fused decode tile kernels (decode_fused.hpp). Compiled for AVX-512 with a target
+// pragma and entered only after a run-time CPU check, so the library still runs on CPUs without AVX-512.
+//
+// Per 16 channels of one key the conversion costs (uops): bf16 2 (zero-extend, shift), u8 2 (zero-extend, cvt),
+// u4 2–3 / u2 2–3 (zero-extend, shift for the upper planes, 16-entry float LUT through vpermps, which also masks the
+// code bits), fp8 4–5 (through vcvtph2ps). Each converted vector feeds one FMA per query row of the GQA group.
+#include "kvcache/decode_fused.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "core/float16.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLASHKV_FUSED_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace flashkv::kv {
+
+#ifdef FLASHKV_FUSED_AVX512
+
+bool fused_supported(int32_t d) {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma") &&
+                         std::getenv("FLASHKV_NO_FUSED_DECODE") == nullptr;
+  return ok && (d == 64 || d == 128 || d == 256);
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+// GCC's AVX-512 headers trip -Wmaybe-uninitialized (_mm512_undefined_* inside the cast / extract intrinsics).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
+
+#define FKV_AI inline __attribute__((always_inline))
+
+template <int... I, class F>
+FKV_AI void static_for(std::integer_sequence<int, I...>, F&& f) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
+/// Channels [16c, 16c + 16) of one packed row as float ("raw", see RawCode). c is a compile-time constant.
+template <RawCode C, int D, int Cc>
+FKV_AI __m512 load_chunk(const uint8_t* row) {
+  if constexpr (C == RawCode::bf16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * Cc));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (C == RawCode::e4m3) {
+    // S.EEEE.MMM sign-extended to 16 bits, << 7 and bit 14 cleared: S.0EEEE.MMM0000000 = value · 2^-8 as fp16.
+    __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc)));
+    w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF)));
+    return _mm512_cvtph_ps(w);
+  } else if constexpr (C == RawCode::e5m2) {
+    const __m256i w = _mm256_slli_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc))), 8);
+    return _mm512_cvtph_ps(w);
+  } else if constexpr (C == RawCode::u8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc))));
+  } else {
+    constexpr int kBits = C == RawCode::u4 ? 4 : 2;
+    constexpr int kPlaneLen = D * kBits / 8;
+    constexpr int kPlane = 16 * Cc / kPlaneLen, kOff = 16 * Cc - kPlane * kPlaneLen;
+    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kOff)));
+    if constexpr (kPlane > 0) x = _mm512_srli_epi32(x, kPlane * kBits);
+    // vpermps reads the low 4 index bits: a 16-entry table maps them to the code value (i or i & 3)
+    const __m512 lut = kBits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                  : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    return _mm512_permutexvar_ps(x, lut);
+  }
+}
+
+FKV_AI __m512 red1(__m512 a, __m512 b) { return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); }
+FKV_AI __m512 red2(__m512 a, __m512 b) {
+  const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+FKV_AI __m512 red3(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+/// Lane l of the result = the sum of the 16 lanes of a[l] (transpose-add tree: 15 adds, 30 shuffles).
+FKV_AI __m512 reduce16(const __m512* a) {
+  const __m512 x0 = red1(a[0], a[1]), x1 = red1(a[2], a[3]), x2 = red1(a[4], a[5]), x3 = red1(a[6], a[7]);
+  const __m512 x4 = red1(a[8], a[9]), x5 = red1(a[10], a[11]), x6 = red1(a[12], a[13]), x7 = red1(a[14], a[15]);
+  const __m512 y0 = red2(x0, x1), y1 = red2(x2, x3), y2 = red2(x4, x5), y3 = red2(x6, x7);
+  return red3(red3(y0, y1), red3(y2, y3));
+}
+
+template <RawCode C, int D>
+__attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S,
+                                       int lds) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int nr = std::min(4, rows - r0);
+    const float* qr[4];
+    for (int i = 0; i < 4; ++i) qr[i] = q + static_cast<int64_t>(r0 + std::min(i, nr - 1)) * D;
+    for (int j0 = 0; j0 < n; j0 += 4) {
+      const int nk = std::min(4, n - j0);
+      const uint8_t* kr[4];
+      for (int k = 0; k < 4; ++k) kr[k] = codes + static_cast<int64_t>(j0 + std::min(k, nk - 1)) * rb;
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      static_for(std::make_integer_sequence<int, D / 16>{}, [&](auto cc) {
+        constexpr int c = decltype(cc)::value;
+        const __m512 k0 = load_chunk<C, D, c>(kr[0]), k1 = load_chunk<C, D, c>(kr[1]);
+        const __m512 k2 = load_chunk<C, D, c>(kr[2]), k3 = load_chunk<C, D, c>(kr[3]);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 qv = _mm512_loadu_ps(qr[i] + 16 * c);
+          acc[4 * i] = _mm512_fmadd_ps(qv, k0, acc[4 * i]);
+          acc[4 * i + 1] = _mm512_fmadd_ps(qv, k1, acc[4 * i + 1]);
+          acc[4 * i + 2] = _mm512_fmadd_ps(qv, k2, acc[4 * i + 2]);
+          acc[4 * i + 3] = _mm512_fmadd_ps(qv, k3, acc[4 * i + 3]);
+        }
+      });
+      const __m512 s = reduce16(acc);  // lane 4·i + k = row r0 + i, key j0 + k
+      const __mmask8 km = static_cast<__mmask8>((1u << nk) - 1u);
+      float* s0 = S + static_cast<int64_t>(r0) * lds + j0;
+      _mm_mask_storeu_ps(s0, km, _mm512_castps512_ps128(s));
+      if (nr > 1) _mm_mask_storeu_ps(s0 + lds, km, _mm512_extractf32x4_ps(s, 1));
+      if (nr > 2) _mm_mask_storeu_ps(s0 + 2 * lds, km, _mm512_extractf32x4_ps(s, 2));
+      if (nr > 3) _mm_mask_storeu_ps(s0 + 3 * lds, km, _mm512_extractf32x4_ps(s, 3));
+    }
+  }
+}
+
+/// One 64-channel quarter-block (chunks 4H..4H+3) of up to four output rows over all n keys; accumulators stay in
+/// registers for the whole tile. KG: channels per weight group if < 64 (16 or 32), else 0 (one weight per row, key
+/// and 64-channel block).
+template <RawCode C, int D, int KG, int H>
+FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr, const uint8_t* codes, int64_t rb,
+                     int n, float* const* orow) {
+  __m512 acc[4][4];
+  for (int i = 0; i < 4; ++i) {
+    for (int cc = 0; cc < 4; ++cc) {
+      acc[i][cc] = i < nr ? _mm512_loadu_ps(orow[i] + 16 * (4 * H + cc)) : _mm512_setzero_ps();
+    }
+  }
+  const int64_t gh = KG == 0 ? static_cast<int64_t>(64 * H / group) * gstride : 0;
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* row = codes + static_cast<int64_t>(j) * rb;
+    const __m512 v0 = load_chunk<C, D, 4 * H>(row), v1 = load_chunk<C, D, 4 * H + 1>(row);
+    const __m512 v2 = load_chunk<C, D, 4 * H + 2>(row), v3 = load_chunk<C, D, 4 * H + 3>(row);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (KG == 0) {
+        const __m512 p = _mm512_set1_ps(wr[i][gh + j]);
+        acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
+      } else if constexpr (KG == 32) {
+        const __m512 pa = _mm512_set1_ps(wr[i][(2 * H) * gstride + j]);
+        const __m512 pb = _mm512_set1_ps(wr[i][(2 * H + 1) * gstride + j]);
+        acc[i][0] = _mm512_fmadd_ps(pa, v0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(pa, v1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(pb, v2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(pb, v3, acc[i][3]);
+      } else {
+        acc[i][0] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H) * gstride + j]), v0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 1) * gstride + j]), v1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 2) * gstride + j]), v2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 3) * gstride + j]), v3, acc[i][3]);
+      }
+    }
+  }
+  for (int i = 0; i < nr; ++i) {
+    for (int cc = 0; cc < 4; ++cc) _mm512_storeu_ps(orow[i] + 16 * (4 * H + cc), acc[i][cc]);
+  }
+}
+
+template <RawCode C, int D, int KG>
+__attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t gstride, int group, int rows,
+                                   const uint8_t* codes, int64_t rb, int n, float* O) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int nr = std::min(4, rows - r0);
+    const float* wr[4];
+    float* orow[4];
+    for (int i = 0; i < 4; ++i) {
+      wr[i] = w + static_cast<int64_t>(r0 + std::min(i, nr - 1)) * ldw;
+      orow[i] = O + static_cast<int64_t>(r0 + std::min(i, nr - 1)) * D;
+    }
+    static_for(std::make_integer_sequence<int, D / 64>{}, [&](auto hh) {
+      pv_block<C, D, KG, decltype(hh)::value>(wr, gstride, group, nr, codes, rb, n, orow);
+    });
+  }
+}
+
+template <int D>
+void scores_d(RawCode code, const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S, int lds) {
+  switch (code) {
+    case RawCode::bf16: scores_t<RawCode::bf16, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::e4m3: scores_t<RawCode::e4m3, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::e5m2: scores_t<RawCode::e5m2, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::u8: scores_t<RawCode::u8, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::u4: scores_t<RawCode::u4, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::u2: scores_t<RawCode::u2, D>(q, rows, codes, rb, n, S, lds); break;
+    case RawCode::none: break;
+  }
+}
+
+template <RawCode C, int D>
+void pv_code(const float* w, int64_t ldw, int64_t gstride, int group, int rows, const uint8_t* codes, int64_t rb,
+             int n, float* O) {
+  if (group == 32) {
+    pv_t<C, D, 32>(w, ldw, gstride, group, rows, codes, rb, n, O);
+  } else if (group == 16) {
+    pv_t<C, D, 16>(w, ldw, gstride, group, rows, codes, rb, n, O);
+  } else {
+    pv_t<C, D, 0>(w, ldw, gstride, group, rows, codes, rb, n, O);
+  }
+}
+
+template <int D>
+void pv_d(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, const uint8_t* codes,
+          int64_t rb, int n, float* O) {
+  switch (code) {
+    case RawCode::bf16: pv_code<RawCode::bf16, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::e4m3: pv_code<RawCode::e4m3, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::e5m2: pv_code<RawCode::e5m2, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::u8: pv_code<RawCode::u8, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::u4: pv_code<RawCode::u4, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::u2: pv_code<RawCode::u2, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::none: break;
+  }
+}
+
+}  // namespace
+
+void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                  int lds) {
+  if (n <= 0 || rows <= 0) return;
+  if (d == 128) {
+    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
+  } else if (d == 64) {
+    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
+  } else {
+    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
+  }
+}
+
+void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, int d,
+              const uint8_t* codes, int64_t rb, int n, float* O) {
+  if (n <= 0 || rows <= 0) return;
+  if (d == 128) {
+    pv_d<128>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+  } else if (d == 64) {
+    pv_d<64>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+  } else {
+    pv_d<256>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+  }
+}
+
+void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
+  }
+  if (i < n) {
+    const __mmask16 km = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m256i h = _mm256_maskz_loadu_epi16(km, src + 2 * i);
+    _mm512_mask_storeu_ps(dst + i, km, _mm512_cvtph_ps(h));
+  }
+}
+
+void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta, int64_t ld) {
+  if (ng == 1) {
+    int t = 0;
+    for (; t < n; t += 16) {
+      const int m = std::min(16, n - t);
+      const __mmask16 km = static_cast<__mmask16>((1u << m) - 1u);
+      const __m512i x = _mm512_maskz_loadu_epi32(km, meta + 4 * static_cast<int64_t>(t));  // scale | min << 16
+      _mm512_mask_storeu_ps(alpha + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)));
+      _mm512_mask_storeu_ps(beta + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))));
+    }
+    return;
+  }
+  const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(ng));
+  for (int t = 0; t < n; t += 16) {
+    const int m = std::min(16, n - t);
+    const __mmask16 km = static_cast<__mmask16>((1u << m) - 1u);
+    for (int gi = 0; gi < ng; ++gi) {
+      const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(gi));
+      const __m512i x = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, idx,
+                                                    meta + 4 * static_cast<int64_t>(t) * ng, 4);
+      _mm512_mask_storeu_ps(alpha + gi * ld + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)));
+      _mm512_mask_storeu_ps(beta + gi * ld + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))));
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#else  // no AVX-512 build: the generic tile path runs
+
+bool fused_supported(int32_t) { return false; }
+void fused_scores(RawCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int) {}
+void fused_pv(RawCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
+void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
+  for (int i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = fp16_to_float(h);
+  }
+}
+void token_meta(const uint8_t*, int, int, float*, float*, int64_t) {}
+
+#endif
+
+}  // namespace flashkv::kv

@@ -1,0 +1,40 @@
+// Fused decode-attention tile kernels (AVX-512): score a tile of keys and accumulate P·V straight from the packed
+// codes of a page (or the bf16 window buffer), converting each code vector in registers right before its FMAs — no
+// float copy of the tile is written. The affine part of a format (per-token scale / min, KIVI per-channel key scale,
+// fp8 scale) is applied outside, once per key on the score or on p (see decode_tile.cpp), so every format's inner loop
+// is "convert 16 codes + 4 FMAs" (four GQA query rows share each converted vector), and formats differ only in how
+// many bytes feed the conversion. Implemented in decode_avx512.cpp; fused_supported() is false on builds or CPUs
+// without AVX-512, where the generic tile path (KVCodec::decode_factored) runs instead.
+#pragma once
+
+#include <cstdint>
+
+namespace flashkv::kv {
+
+/// Element encoding of a packed row as the fused kernels read it. "raw" is the value the kernels multiply with:
+/// bf16 and e5m2 exact; e4m3 its value · 2^-8 (the fp16 route, see codec.cpp); u8 / u4 / u2 the integer code
+/// (planar int4 / int2 packing, codec.hpp).
+enum class RawCode : int32_t { none = 0, bf16, e4m3, e5m2, u8, u4, u2 };
+
+/// True when the fused kernels run on this build and CPU (GCC x86-64, AVX-512F/BW/VL/DQ + F16C at run time) for
+/// head_dim d (64, 128 or 256).
+bool fused_supported(int32_t d);
+
+/// S[r·lds + j] = Σ_c q[r·d + c] · raw(codes + j·rb)[c] for r < rows, j < n (four rows × four keys per block, lanes
+/// reduced with a transpose-add tree).
+void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                  int lds);
+
+/// O[r·d + c] += Σ_j w[r·ldw + (c / group)·gstride + j] · raw(codes + j·rb)[c] for r < rows, c < d, j < n.
+/// group: channels per weight group (16, 32, or a multiple of 64; d = one weight per row and key).
+void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, int d,
+              const uint8_t* codes, int64_t rb, int n, float* O);
+
+/// n fp16 values (little-endian) -> float.
+void fp16_to_float_n(const uint8_t* src, int n, float* dst);
+
+/// Per-token [fp16 scale, fp16 min] metadata of n tokens × ng channel groups (token-major, 4 bytes per group) ->
+/// alpha[gi·ld + t] = scale, beta[gi·ld + t] = min.
+void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta, int64_t ld);
+
+}  // namespace flashkv::kv
