@@ -7,6 +7,7 @@
 #include "kvcache/decode_fused.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -253,6 +254,90 @@ void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t gstride, int gr
   }
 }
 
+namespace {
+/// exp_flush (src/cpu/tile_math.hpp) on 16 lanes: Cephes expf, exactly 0 below −87.33 (and for −inf).
+FKV_AI __m512 exp16(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_LT_OQ);
+  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.0f));
+  const __m512 t = _mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(12582912.0f)), _mm512_set1_ps(12582912.0f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(e));
+}
+FKV_AI __mmask16 tail_mask(int m) { return m >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << m) - 1u); }
+}  // namespace
+
+void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, float* alpha) {
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  for (int r = 0; r < rows; ++r) {
+    float* s = sc + r * ld;
+    __m512 mx = ninf;
+    for (int j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j));
+    const float tmax = _mm512_reduce_max_ps(mx);
+    const float m_new = tmax > m[r] ? tmax : m[r];
+    if (m_new == -__builtin_inff()) {  // nothing visible so far: p = 0, state unchanged
+      for (int j = 0; j < n; ++j) s[j] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    const float a = m[r] == -__builtin_inff() ? 0.0f : std::exp(m[r] - m_new);
+    const __m512 vm = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 km = tail_mask(n - j);
+      const __m512 p = _mm512_maskz_mov_ps(km, exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, km, s + j), vm)));
+      _mm512_mask_storeu_ps(s + j, km, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    m[r] = m_new;
+    l[r] = a * l[r] + _mm512_reduce_add_ps(sum);
+    alpha[r] = a;
+  }
+}
+
+void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int64_t lda,
+                int ng, float* w, float* z) {
+  for (int r = 0; r < rows; ++r) {
+    const float* pr = p + r * ldp;
+    for (int gi = 0; gi < ng; ++gi) {
+      float* wr = w + (static_cast<int64_t>(r) * ng + gi) * ldp;
+      const float* al = alpha + gi * lda;
+      const float* be = beta != nullptr ? beta + gi * lda : nullptr;
+      __m512 zs = _mm512_setzero_ps();
+      for (int j = 0; j < n; j += 16) {
+        const __mmask16 km = tail_mask(n - j);
+        const __m512 pv = _mm512_maskz_loadu_ps(km, pr + j);
+        _mm512_mask_storeu_ps(wr + j, km, _mm512_mul_ps(pv, _mm512_maskz_loadu_ps(km, al + j)));
+        if (be != nullptr) zs = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(km, be + j), zs);
+      }
+      if (z != nullptr) z[r * ng + gi] = _mm512_reduce_add_ps(zs);
+    }
+  }
+}
+
+void fold_channel_scale_n(const float* q, int rows, int d, const float* cs, const float* cz, float* qe, float* bias) {
+  for (int r = 0; r < rows; ++r) {
+    const float* qr = q + static_cast<int64_t>(r) * d;
+    float* qo = qe + static_cast<int64_t>(r) * d;
+    __m512 b = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {  // d % 16 == 0 (fused_supported)
+      const __m512 qv = _mm512_loadu_ps(qr + c);
+      _mm512_storeu_ps(qo + c, _mm512_mul_ps(qv, _mm512_loadu_ps(cs + c)));
+      b = _mm512_fmadd_ps(qv, _mm512_loadu_ps(cz + c), b);
+    }
+    bias[r] = _mm512_reduce_add_ps(b);
+  }
+}
+
 void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
   int i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -308,6 +393,9 @@ void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
   }
 }
 void token_meta(const uint8_t*, int, int, float*, float*, int64_t) {}
+void softmax_rows(float*, int64_t, int, int, float*, float*, float*) {}
+void pv_weights(const float*, int64_t, int, int, const float*, const float*, int64_t, int, float*, float*) {}
+void fold_channel_scale_n(const float*, int, int, const float*, const float*, float*, float*) {}
 
 #endif
 

@@ -37,4 +37,16 @@ void fp16_to_float_n(const uint8_t* src, int n, float* dst);
 /// alpha[gi·ld + t] = scale, beta[gi·ld + t] = min.
 void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta, int64_t ld);
 
+/// Online-softmax step (cpu::online_softmax_scores_to_p) for rows r < rows of scores sc[r·ld + j], j < n: updates
+/// m[r], l[r], overwrites the scores with p and returns the accumulator rescale factor in alpha[r].
+void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, float* alpha);
+
+/// V weights of the factored P·V̂: w[(r·ng + g)·ldp + j] = p[r·ldp + j] · alpha[g·lda + j] and, when beta and z are
+/// given, z[r·ng + g] = Σ_j p[r·ldp + j] · beta[g·lda + j].
+void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int64_t lda,
+                int ng, float* w, float* z);
+
+/// KIVI keys: qe[r][c] = q[r][c] · cs[c], bias[r] = q_r · cz for r < rows (d % 16 == 0).
+void fold_channel_scale_n(const float* q, int rows, int d, const float* cs, const float* cz, float* qe, float* bias);
+
 }  // namespace flashkv::kv

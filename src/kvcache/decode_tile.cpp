@@ -127,7 +127,8 @@ FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, 
         const uint8_t* mg = K.meta + u * K.kivi_meta_bytes;
         fp16_to_float_n(mg, static_cast<int>(d), scr.cs.data());
         fp16_to_float_n(mg + 2 * d, static_cast<int>(d), scr.cz.data());
-        fold_channel_scale(qg, g, d, scr.cs.data(), scr.cz.data(), scr.qe.data(), scr.bias.data());
+        fold_channel_scale_n(qg, static_cast<int>(g), static_cast<int>(d), scr.cs.data(), scr.cz.data(), scr.qe.data(),
+                             scr.bias.data());
         fused_scores(K.code, scr.qe.data(), static_cast<int>(g), static_cast<int>(d), K.codes + a0 * K.rb, K.rb,
                      static_cast<int>(a1 - a0), sc + (a0 - j0), static_cast<int>(kTile));
         for (int64_t hh = 0; hh < g; ++hh) {
@@ -194,26 +195,10 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
       return;
     }
     const int64_t ng = V.factors == TileFactors::token_int ? V.ng : 1;
+    const bool zero_point = V.factors == TileFactors::token_int;
     float* w = scr.w.data();
-    for (int64_t hh = 0; hh < g; ++hh) {
-      const float* p = sc + hh * kTile;
-      for (int64_t gi = 0; gi < ng; ++gi) {
-        float* wr = w + (hh * ng + gi) * kTile;
-        if (V.factors == TileFactors::uniform) {
-          for (int j = 0; j < cnt; ++j) wr[j] = p[j] * V.mul;
-        } else {
-          const float* al = scr.va.data() + gi * kTile + j0;
-          for (int j = 0; j < cnt; ++j) wr[j] = p[j] * al[j];
-          if (V.factors == TileFactors::token_int) {
-            const float* be = scr.vb.data() + gi * kTile + j0;
-            float z = 0.0f;
-#pragma omp simd reduction(+ : z)
-            for (int j = 0; j < cnt; ++j) z += p[j] * be[j];
-            scr.z[static_cast<size_t>(hh * ng + gi)] = z;
-          }
-        }
-      }
-    }
+    pv_weights(sc, kTile, static_cast<int>(g), cnt, scr.va.data() + j0, zero_point ? scr.vb.data() + j0 : nullptr,
+               kTile, static_cast<int>(ng), w, zero_point ? scr.z.data() : nullptr);
     fused_pv(V.code, w, ng * kTile, kTile, V.factors == TileFactors::token_int ? V.group : static_cast<int>(d),
              static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt, acc);
     if (V.factors == TileFactors::token_int) {
@@ -257,7 +242,9 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
 /// Per-token factors of a packed tile (nt tokens) into alpha / beta [ng][kTile].
 void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
   if (H.code == RawCode::none) return;
-  if (H.factors == TileFactors::token_f32) {
+  if (H.factors == TileFactors::uniform) {
+    for (int64_t t = 0; t < nt; ++t) alpha[t] = H.mul;
+  } else if (H.factors == TileFactors::token_f32) {
     for (int64_t t = 0; t < nt; ++t) {
       float s;
       std::memcpy(&s, H.meta + 4 * t, 4);
@@ -297,6 +284,18 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     const int cnt = static_cast<int>(j1 - j0);
     const int64_t r0 = qi * g;
     tile_scores(K, g, d, j0 - t0, cnt, qrow + r0 * d, qsum + r0, scr);
+    if (K.code != RawCode::none && softcap == 0.0f) {  // fused tile: vectorized softmax step (AVX-512)
+      float* al = scr.bias.data();
+      softmax_rows(scr.sc.data(), kTile, static_cast<int>(g), cnt, mm + r0, ll + r0, al);
+      for (int64_t hh = 0; hh < g; ++hh) {
+        if (al[hh] != 1.0f) {
+          float* a = acc + (r0 + hh) * d;
+          for (int64_t c = 0; c < d; ++c) a[c] *= al[hh];
+        }
+      }
+      tile_pv(V, g, d, nt, j0 - t0, cnt, acc + r0 * d, scr);
+      continue;
+    }
     for (int64_t hh = 0; hh < g; ++hh) {
       const int64_t r = r0 + hh;
       float* srow = scr.sc.data() + hh * kTile;
