@@ -76,6 +76,27 @@ FKV_AI __m512 load_chunk(const uint8_t* row) {
   }
 }
 
+/// Channels [16c, 16c + 32) as two float vectors (c even). fp8 converts 32 codes per widening (one vpmovsxbw /
+/// vpmovzxbw and one shift for both halves); the other encodings are two load_chunk calls.
+template <RawCode C, int D, int Cc>
+FKV_AI void load_pair(const uint8_t* row, __m512& a, __m512& b) {
+  if constexpr (C == RawCode::e4m3 || C == RawCode::e5m2) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * Cc));
+    __m512i w;
+    if constexpr (C == RawCode::e4m3) {
+      w = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
+                           _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
+    } else {
+      w = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 8);
+    }
+    a = _mm512_cvtph_ps(_mm512_castsi512_si256(w));
+    b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
+  } else {
+    a = load_chunk<C, D, Cc>(row);
+    b = load_chunk<C, D, Cc + 1>(row);
+  }
+}
+
 FKV_AI __m512 red1(__m512 a, __m512 b) { return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); }
 FKV_AI __m512 red2(__m512 a, __m512 b) {
   const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
@@ -105,16 +126,16 @@ __attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* 
       for (int k = 0; k < 4; ++k) kr[k] = codes + static_cast<int64_t>(j0 + std::min(k, nk - 1)) * rb;
       __m512 acc[16];
       for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-      static_for(std::make_integer_sequence<int, D / 16>{}, [&](auto cc) {
-        constexpr int c = decltype(cc)::value;
-        const __m512 k0 = load_chunk<C, D, c>(kr[0]), k1 = load_chunk<C, D, c>(kr[1]);
-        const __m512 k2 = load_chunk<C, D, c>(kr[2]), k3 = load_chunk<C, D, c>(kr[3]);
+      static_for(std::make_integer_sequence<int, D / 32>{}, [&](auto cp) {
+        constexpr int c = 2 * decltype(cp)::value;
+        __m512 ka[4], kb[4];
+        for (int k = 0; k < 4; ++k) load_pair<C, D, c>(kr[k], ka[k], kb[k]);
         for (int i = 0; i < 4; ++i) {
-          const __m512 qv = _mm512_loadu_ps(qr[i] + 16 * c);
-          acc[4 * i] = _mm512_fmadd_ps(qv, k0, acc[4 * i]);
-          acc[4 * i + 1] = _mm512_fmadd_ps(qv, k1, acc[4 * i + 1]);
-          acc[4 * i + 2] = _mm512_fmadd_ps(qv, k2, acc[4 * i + 2]);
-          acc[4 * i + 3] = _mm512_fmadd_ps(qv, k3, acc[4 * i + 3]);
+          const __m512 qa = _mm512_loadu_ps(qr[i] + 16 * c), qb = _mm512_loadu_ps(qr[i] + 16 * c + 16);
+          for (int k = 0; k < 4; ++k) {
+            acc[4 * i + k] = _mm512_fmadd_ps(qa, ka[k], acc[4 * i + k]);
+            acc[4 * i + k] = _mm512_fmadd_ps(qb, kb[k], acc[4 * i + k]);
+          }
         }
       });
       const __m512 s = reduce16(acc);  // lane 4·i + k = row r0 + i, key j0 + k
@@ -143,8 +164,9 @@ FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr,
   const int64_t gh = KG == 0 ? static_cast<int64_t>(64 * H / group) * gstride : 0;
   for (int j = 0; j < n; ++j) {
     const uint8_t* row = codes + static_cast<int64_t>(j) * rb;
-    const __m512 v0 = load_chunk<C, D, 4 * H>(row), v1 = load_chunk<C, D, 4 * H + 1>(row);
-    const __m512 v2 = load_chunk<C, D, 4 * H + 2>(row), v3 = load_chunk<C, D, 4 * H + 3>(row);
+    __m512 v0, v1, v2, v3;
+    load_pair<C, D, 4 * H>(row, v0, v1);
+    load_pair<C, D, 4 * H + 2>(row, v2, v3);
     for (int i = 0; i < 4; ++i) {
       if constexpr (KG == 0) {
         const __m512 p = _mm512_set1_ps(wr[i][gh + j]);
