@@ -43,7 +43,7 @@ struct Case {
 };
 
 /// Inputs of one case. The reference sees every case as packed rows (fixed-length [B, S, H, D] is the varlen special
-/// case cu = {0, S, 2S, ...}), so `ref` is a RefVarlenShape and reference lse is [H, total_q].
+/// case cu = {0, S, 2S, ...}): `shape` is a RefVarlenShape and the reference lse is [H, total_q].
 struct RefProblem {
   RefVarlenShape shape;
   RefOptions opts;
