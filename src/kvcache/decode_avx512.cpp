@@ -36,6 +36,7 @@ bool fused_supported(int32_t d) {
 // GCC's AVX-512 headers trip -Wmaybe-uninitialized (_mm512_undefined_* inside the cast / extract intrinsics).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace {
 
@@ -153,7 +154,7 @@ __attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* 
 /// registers for the whole tile. KG: channels per weight group if < 64 (16 or 32), else 0 (one weight per row, key
 /// and 64-channel block).
 template <RawCode C, int D, int KG, int H>
-FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr, const uint8_t* codes, int64_t rb,
+FKV_AI void pv_block(const float* const* wr, int64_t ng, int group, int nr, const uint8_t* codes, int64_t rb,
                      int n, float* const* orow) {
   __m512 acc[4][4];
   for (int i = 0; i < 4; ++i) {
@@ -161,7 +162,7 @@ FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr,
       acc[i][cc] = i < nr ? _mm512_loadu_ps(orow[i] + 16 * (4 * H + cc)) : _mm512_setzero_ps();
     }
   }
-  const int64_t gh = KG == 0 ? static_cast<int64_t>(64 * H / group) * gstride : 0;
+  const int64_t gh = KG == 0 ? static_cast<int64_t>(64 * H / group) : 0;
   for (int j = 0; j < n; ++j) {
     const uint8_t* row = codes + static_cast<int64_t>(j) * rb;
     __m512 v0, v1, v2, v3;
@@ -169,23 +170,23 @@ FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr,
     load_pair<C, D, 4 * H + 2>(row, v2, v3);
     for (int i = 0; i < 4; ++i) {
       if constexpr (KG == 0) {
-        const __m512 p = _mm512_set1_ps(wr[i][gh + j]);
+        const __m512 p = _mm512_set1_ps(wr[i][j * ng + gh]);
         acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
         acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
         acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
         acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
       } else if constexpr (KG == 32) {
-        const __m512 pa = _mm512_set1_ps(wr[i][(2 * H) * gstride + j]);
-        const __m512 pb = _mm512_set1_ps(wr[i][(2 * H + 1) * gstride + j]);
+        const __m512 pa = _mm512_set1_ps(wr[i][j * ng + 2 * H]);
+        const __m512 pb = _mm512_set1_ps(wr[i][j * ng + 2 * H + 1]);
         acc[i][0] = _mm512_fmadd_ps(pa, v0, acc[i][0]);
         acc[i][1] = _mm512_fmadd_ps(pa, v1, acc[i][1]);
         acc[i][2] = _mm512_fmadd_ps(pb, v2, acc[i][2]);
         acc[i][3] = _mm512_fmadd_ps(pb, v3, acc[i][3]);
       } else {
-        acc[i][0] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H) * gstride + j]), v0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 1) * gstride + j]), v1, acc[i][1]);
-        acc[i][2] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 2) * gstride + j]), v2, acc[i][2]);
-        acc[i][3] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][(4 * H + 3) * gstride + j]), v3, acc[i][3]);
+        acc[i][0] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][j * ng + 4 * H]), v0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][j * ng + 4 * H + 1]), v1, acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][j * ng + 4 * H + 2]), v2, acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][j * ng + 4 * H + 3]), v3, acc[i][3]);
       }
     }
   }
@@ -195,7 +196,7 @@ FKV_AI void pv_block(const float* const* wr, int64_t gstride, int group, int nr,
 }
 
 template <RawCode C, int D, int KG>
-__attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t gstride, int group, int rows,
+__attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t ng, int group, int rows,
                                    const uint8_t* codes, int64_t rb, int n, float* O) {
   for (int r0 = 0; r0 < rows; r0 += 4) {
     const int nr = std::min(4, rows - r0);
@@ -206,7 +207,7 @@ __attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t gstride,
       orow[i] = O + static_cast<int64_t>(r0 + std::min(i, nr - 1)) * D;
     }
     static_for(std::make_integer_sequence<int, D / 64>{}, [&](auto hh) {
-      pv_block<C, D, KG, decltype(hh)::value>(wr, gstride, group, nr, codes, rb, n, orow);
+      pv_block<C, D, KG, decltype(hh)::value>(wr, ng, group, nr, codes, rb, n, orow);
     });
   }
 }
@@ -225,27 +226,27 @@ void scores_d(RawCode code, const float* q, int rows, const uint8_t* codes, int6
 }
 
 template <RawCode C, int D>
-void pv_code(const float* w, int64_t ldw, int64_t gstride, int group, int rows, const uint8_t* codes, int64_t rb,
+void pv_code(const float* w, int64_t ldw, int64_t ng, int group, int rows, const uint8_t* codes, int64_t rb,
              int n, float* O) {
   if (group == 32) {
-    pv_t<C, D, 32>(w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_t<C, D, 32>(w, ldw, ng, group, rows, codes, rb, n, O);
   } else if (group == 16) {
-    pv_t<C, D, 16>(w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_t<C, D, 16>(w, ldw, ng, group, rows, codes, rb, n, O);
   } else {
-    pv_t<C, D, 0>(w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_t<C, D, 0>(w, ldw, ng, group, rows, codes, rb, n, O);
   }
 }
 
 template <int D>
-void pv_d(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, const uint8_t* codes,
+void pv_d(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, const uint8_t* codes,
           int64_t rb, int n, float* O) {
   switch (code) {
-    case RawCode::bf16: pv_code<RawCode::bf16, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
-    case RawCode::e4m3: pv_code<RawCode::e4m3, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
-    case RawCode::e5m2: pv_code<RawCode::e5m2, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
-    case RawCode::u8: pv_code<RawCode::u8, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
-    case RawCode::u4: pv_code<RawCode::u4, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
-    case RawCode::u2: pv_code<RawCode::u2, D>(w, ldw, gstride, group, rows, codes, rb, n, O); break;
+    case RawCode::bf16: pv_code<RawCode::bf16, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case RawCode::e4m3: pv_code<RawCode::e4m3, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case RawCode::e5m2: pv_code<RawCode::e5m2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case RawCode::u8: pv_code<RawCode::u8, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case RawCode::u4: pv_code<RawCode::u4, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case RawCode::u2: pv_code<RawCode::u2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
     case RawCode::none: break;
   }
 }
@@ -264,15 +265,15 @@ void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* 
   }
 }
 
-void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, int d,
+void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O) {
   if (n <= 0 || rows <= 0) return;
   if (d == 128) {
-    pv_d<128>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);
   } else if (d == 64) {
-    pv_d<64>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_d<64>(code, w, ldw, ng, group, rows, codes, rb, n, O);
   } else {
-    pv_d<256>(code, w, ldw, gstride, group, rows, codes, rb, n, O);
+    pv_d<256>(code, w, ldw, ng, group, rows, codes, rb, n, O);
   }
 }
 
@@ -326,23 +327,35 @@ void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, fl
   }
 }
 
-void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int64_t lda,
-                int ng, float* w, float* z) {
+void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int ng, float* w,
+                float* z) {
+  int shift = 0;
+  while ((1 << shift) < ng) ++shift;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i idx = _mm512_srl_epi32(lane, _mm_cvtsi32_si128(shift));  // entry lane -> token lane
+  const int total = n * ng;
   for (int r = 0; r < rows; ++r) {
     const float* pr = p + r * ldp;
-    for (int gi = 0; gi < ng; ++gi) {
-      float* wr = w + (static_cast<int64_t>(r) * ng + gi) * ldp;
-      const float* al = alpha + gi * lda;
-      const float* be = beta != nullptr ? beta + gi * lda : nullptr;
-      __m512 zs = _mm512_setzero_ps();
-      for (int j = 0; j < n; j += 16) {
-        const __mmask16 km = tail_mask(n - j);
-        const __m512 pv = _mm512_maskz_loadu_ps(km, pr + j);
-        _mm512_mask_storeu_ps(wr + j, km, _mm512_mul_ps(pv, _mm512_maskz_loadu_ps(km, al + j)));
-        if (be != nullptr) zs = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(km, be + j), zs);
-      }
-      if (z != nullptr) z[r * ng + gi] = _mm512_reduce_add_ps(zs);
+    float* wr = w + static_cast<int64_t>(r) * ng * ldp;
+    __m512 zs = _mm512_setzero_ps();
+    for (int e = 0; e < total; e += 16) {
+      const __mmask16 km = tail_mask(total - e);
+      const int t = e >> shift;
+      __m512 pv = _mm512_maskz_loadu_ps(tail_mask(n - t), pr + t);
+      if (ng > 1) pv = _mm512_permutexvar_ps(idx, pv);
+      _mm512_mask_storeu_ps(wr + e, km, _mm512_mul_ps(pv, _mm512_maskz_loadu_ps(km, alpha + e)));
+      if (beta != nullptr) zs = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(km, beta + e), zs);
     }
+    if (z == nullptr) continue;
+    // lanes with the same entry mod ng belong to one channel group
+    if (ng == 1) {
+      z[r] = _mm512_reduce_add_ps(zs);
+      continue;
+    }
+    if (ng <= 8) zs = _mm512_add_ps(zs, _mm512_shuffle_f32x4(zs, zs, 0x4E));
+    if (ng <= 4) zs = _mm512_add_ps(zs, _mm512_shuffle_f32x4(zs, zs, 0xB1));
+    if (ng <= 2) zs = _mm512_add_ps(zs, _mm512_permute_ps(zs, 0x4E));
+    _mm512_mask_storeu_ps(z + static_cast<int64_t>(r) * ng, tail_mask(ng), zs);
   }
 }
 
@@ -372,30 +385,13 @@ void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
   }
 }
 
-void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta, int64_t ld) {
-  if (ng == 1) {
-    int t = 0;
-    for (; t < n; t += 16) {
-      const int m = std::min(16, n - t);
-      const __mmask16 km = static_cast<__mmask16>((1u << m) - 1u);
-      const __m512i x = _mm512_maskz_loadu_epi32(km, meta + 4 * static_cast<int64_t>(t));  // scale | min << 16
-      _mm512_mask_storeu_ps(alpha + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)));
-      _mm512_mask_storeu_ps(beta + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))));
-    }
-    return;
-  }
-  const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(ng));
-  for (int t = 0; t < n; t += 16) {
-    const int m = std::min(16, n - t);
-    const __mmask16 km = static_cast<__mmask16>((1u << m) - 1u);
-    for (int gi = 0; gi < ng; ++gi) {
-      const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(gi));
-      const __m512i x = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, idx,
-                                                    meta + 4 * static_cast<int64_t>(t) * ng, 4);
-      _mm512_mask_storeu_ps(alpha + gi * ld + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)));
-      _mm512_mask_storeu_ps(beta + gi * ld + t, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))));
-    }
+void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta) {
+  const int total = n * ng;  // token-major: entry t·ng + g
+  for (int e = 0; e < total; e += 16) {
+    const __mmask16 km = tail_mask(total - e);
+    const __m512i x = _mm512_maskz_loadu_epi32(km, meta + 4 * static_cast<int64_t>(e));  // scale | min << 16
+    _mm512_mask_storeu_ps(alpha + e, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x)));
+    _mm512_mask_storeu_ps(beta + e, km, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16))));
   }
 }
 
@@ -414,9 +410,9 @@ void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
     dst[i] = fp16_to_float(h);
   }
 }
-void token_meta(const uint8_t*, int, int, float*, float*, int64_t) {}
+void token_meta(const uint8_t*, int, int, float*, float*) {}
 void softmax_rows(float*, int64_t, int, int, float*, float*, float*) {}
-void pv_weights(const float*, int64_t, int, int, const float*, const float*, int64_t, int, float*, float*) {}
+void pv_weights(const float*, int64_t, int, int, const float*, const float*, int, float*, float*) {}
 void fold_channel_scale_n(const float*, int, int, const float*, const float*, float*, float*) {}
 
 #endif

@@ -25,26 +25,27 @@ bool fused_supported(int32_t d);
 void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
                   int lds);
 
-/// O[r·d + c] += Σ_j w[r·ldw + (c / group)·gstride + j] · raw(codes + j·rb)[c] for r < rows, c < d, j < n.
-/// group: channels per weight group (16, 32, or a multiple of 64; d = one weight per row and key).
-void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t gstride, int group, int rows, int d,
+/// O[r·d + c] += Σ_j w[r·ldw + j·ng + c / group] · raw(codes + j·rb)[c] for r < rows, c < d, j < n (weights
+/// token-major, ng = d / group). group: channels per weight group (16, 32, or a multiple of 64; d = one weight per row
+/// and key).
+void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O);
 
 /// n fp16 values (little-endian) -> float.
 void fp16_to_float_n(const uint8_t* src, int n, float* dst);
 
-/// Per-token [fp16 scale, fp16 min] metadata of n tokens × ng channel groups (token-major, 4 bytes per group) ->
-/// alpha[gi·ld + t] = scale, beta[gi·ld + t] = min.
-void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta, int64_t ld);
+/// Per-token [fp16 scale, fp16 min] metadata of n tokens × ng channel groups (4 bytes per group) -> token-major
+/// alpha[t·ng + g] = scale, beta[t·ng + g] = min.
+void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta);
 
 /// Online-softmax step (cpu::online_softmax_scores_to_p) for rows r < rows of scores sc[r·ld + j], j < n: updates
 /// m[r], l[r], overwrites the scores with p and returns the accumulator rescale factor in alpha[r].
 void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, float* alpha);
 
-/// V weights of the factored P·V̂: w[(r·ng + g)·ldp + j] = p[r·ldp + j] · alpha[g·lda + j] and, when beta and z are
-/// given, z[r·ng + g] = Σ_j p[r·ldp + j] · beta[g·lda + j].
-void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int64_t lda,
-                int ng, float* w, float* z);
+/// V weights of the factored P·V̂ (token-major, ng a power of two ≤ 16): w[r·ng·ldp + j·ng + g] = p[r·ldp + j] ·
+/// alpha[j·ng + g] and, when beta and z are given, z[r·ng + g] = Σ_j p[r·ldp + j] · beta[j·ng + g].
+void pv_weights(const float* p, int64_t ldp, int rows, int n, const float* alpha, const float* beta, int ng, float* w,
+                float* z);
 
 /// KIVI keys: qe[r][c] = q[r][c] · cs[c], bias[r] = q_r · cz for r < rows (d % 16 == 0).
 void fold_channel_scale_n(const float* q, int rows, int d, const float* cs, const float* cz, float* qe, float* bias);

@@ -190,16 +190,17 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
   if (V.code != RawCode::none) {
     const uint8_t* codes = V.codes + j0 * V.rb;
     if (V.factors == TileFactors::none) {
-      fused_pv(V.code, sc, kTile, 0, static_cast<int>(d), static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt,
+      fused_pv(V.code, sc, kTile, 1, static_cast<int>(d), static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt,
                acc);
       return;
     }
     const int64_t ng = V.factors == TileFactors::token_int ? V.ng : 1;
     const bool zero_point = V.factors == TileFactors::token_int;
     float* w = scr.w.data();
-    pv_weights(sc, kTile, static_cast<int>(g), cnt, scr.va.data() + j0, zero_point ? scr.vb.data() + j0 : nullptr,
-               kTile, static_cast<int>(ng), w, zero_point ? scr.z.data() : nullptr);
-    fused_pv(V.code, w, ng * kTile, kTile, V.factors == TileFactors::token_int ? V.group : static_cast<int>(d),
+    pv_weights(sc, kTile, static_cast<int>(g), cnt, scr.va.data() + j0 * ng,
+               zero_point ? scr.vb.data() + j0 * ng : nullptr, static_cast<int>(ng), w,
+               zero_point ? scr.z.data() : nullptr);
+    fused_pv(V.code, w, ng * kTile, ng, V.factors == TileFactors::token_int ? V.group : static_cast<int>(d),
              static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt, acc);
     if (V.factors == TileFactors::token_int) {
       const int64_t gs = d / ng;
@@ -239,7 +240,7 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
   }
 }
 
-/// Per-token factors of a packed tile (nt tokens) into alpha / beta [ng][kTile].
+/// Per-token factors of a packed tile (nt tokens) into alpha / beta, token-major [nt][ng].
 void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
   if (H.code == RawCode::none) return;
   if (H.factors == TileFactors::uniform) {
@@ -252,7 +253,7 @@ void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
       beta[t] = 0.0f;
     }
   } else if (H.factors == TileFactors::token_int) {
-    token_meta(H.meta, static_cast<int>(nt), H.ng, alpha, beta, kTile);
+    token_meta(H.meta, static_cast<int>(nt), H.ng, alpha, beta);  // token-major [t][group]
   }
 }
 
