@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/mask.hpp"
 #include "cuda/params.hpp"
@@ -24,7 +25,7 @@ namespace flashkv::cuda::sm80 {
 /// kBlockM x kBlockN tile, kNWarps warps, and for each phase the warp grid: phase 1 (key rows x query cols) = kNW1 x
 /// (kNWarps / kNW1), phase 2 (key rows x head-dim cols) = kNW2 x (kNWarps / kNW2), phase 3 (query rows x head-dim cols)
 /// = kMW3 x (kNWarps / kMW3). Larger, squarer warp tiles cut the ldmatrix traffic per mma.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kNW1_, int kNW2_, int kMW3_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kNW1_, int kNW2_, int kMW3_, int kDQChunks_ = 1>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
   static constexpr int kThreads = kNWarps * 32;
@@ -37,6 +38,10 @@ struct BwdConfig {
   static constexpr int kMW3 = kMW3_, kDW3 = kNWarps / kMW3;
   static constexpr int kMT3 = kBlockM / (16 * kMW3);  // 16-row query tiles per warp, phase 3
   static constexpr int kQC = kHeadDim / kDW3;          // head-dim columns per warp, phase 3
+  /// Phase 3 computes the warp's dQ columns in kDQChunks passes (fewer live accumulators: no spills at head_dim 256).
+  static constexpr int kDQChunks = kDQChunks_;
+  static constexpr int kQCc = kQC / kDQChunks;
+  static_assert(kQCc * kDQChunks == kQC && kQCc % 16 == 0, "dQ chunks must be multiples of 16 columns");
   static_assert(kNT1 * 16 * kNW1 == kBlockN && kNT2 * 16 * kNW2 == kBlockN && kMT3 * 16 * kMW3 == kBlockM,
                 "warp grids must tile the CTA");
   static_assert(kMC % 16 == 0 && kDC % 16 == 0 && kQC % 16 == 0, "warp tiles must be multiples of 16");
@@ -55,7 +60,8 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   return v;
 }
 
-template <class Cfg, class T>
+/// kSoftcap: scores pass through softcap * tanh(s / softcap); a template flag so the common path has no tanh code.
+template <class Cfg, class T, bool kSoftcap>
 __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kThreads = Cfg::kThreads, kMC = Cfg::kMC, kDC = Cfg::kDC, kQC = Cfg::kQC;
@@ -101,16 +107,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
   float* sLse = reinterpret_cast<float*>(smem + 4 * TileQ::kBytes + 2 * TileK::kBytes + 2 * TileP::kBytes);
   float* sD = sLse + 2 * kBlockM;
 
-  load_tile_async<TileK, kThreads>(sK, [&](int r) { return kg + r * p.k_s.row; }, rows_k, p.head_dim, kg);
-  load_tile_async<TileK, kThreads>(sV, [&](int r) { return vg + r * p.v_s.row; }, rows_k, p.head_dim, vg);
+  {
+    const TileCopy<TileK, kThreads> k_copy(p.head_dim);
+    k_copy.copy(sK, kg, p.k_s.row, rows_k);
+    k_copy.copy(sV, vg, p.v_s.row, rows_k);
+  }
+  const TileCopy<TileQ, kThreads> q_copy(p.head_dim);
   auto load_q_block = [&](int m, int buf) {
     const int m0 = m * kBlockM;
     const int rows = si.seqlen_q - m0;
-    load_tile_async<TileQ, kThreads>(
-        sQ + buf * TileQ::kBytes, [&](int r) { return qg_ + (m0 + r) * p.q_s.row; }, rows, p.head_dim, qg_);
-    load_tile_async<TileQ, kThreads>(
-        sdO + buf * TileQ::kBytes, [&](int r) { return dog + (m0 + r) * p.dout_s.row; }, rows, p.head_dim, dog);
-    for (int i = threadIdx.x; i < kBlockM; i += kThreads) {
+    q_copy.copy(sQ + buf * TileQ::kBytes, qg_ + m0 * p.q_s.row, p.q_s.row, rows);
+    q_copy.copy(sdO + buf * TileQ::kBytes, dog + m0 * p.dout_s.row, p.dout_s.row, rows);
+    static_assert(kThreads >= kBlockM, "one thread per query row loads lse and D");
+    if (const int i = static_cast<int>(threadIdx.x); i < kBlockM) {
       if (i < rows) {
         cp_async_4(smem_addr(sLse + buf * kBlockM + i), lse2g + m0 + i);
         cp_async_4(smem_addr(sD + buf * kBlockM + i), dsumg + m0 + i);
@@ -131,20 +140,37 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[a][i][e] = dv[a][i][e] = 0.f;
 
-  const LdsmAddr<TileK> kA(sK, lane % 16, lane / 16), vA(sV, lane % 16, lane / 16);
-  const LdsmAddr<TileQ> qB(sQ, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
-  const LdsmAddr<TileQ> doB(sdO, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
-  const LdsmAddr<TileP> pA(sP, lane % 16, lane / 16), dsA(sdS, lane % 16, lane / 16);
+  // ldmatrix address tables, one per (tile, lane mapping); the warp's row offsets are folded into the row index and
+  // the tile that shares a mapping is reached by a compile-time byte offset (V = K + TileK::kBytes, dO = Q +
+  // 2 * TileQ::kBytes, dS = P + TileP::kBytes), which keeps the live address registers few.
+  constexpr uint32_t kVOff = TileK::kBytes, kDoOff = 2 * TileQ::kBytes, kDsOff = TileP::kBytes;
+  const LdsmAddr<TileK> kA(sK, lane % 16 + nw1 * kNT1 * 16, lane / 16);
+  const LdsmAddr<TileQ> qB(sQ, (lane % 8) + (lane / 16) * 8 + mg * kMC, (lane / 8) % 2);
+  const LdsmAddr<TileP> pA(sP, lane % 16 + nw2 * kNT2 * 16, lane / 16);
   // Warp-dependent column offsets are folded into the address tables (chunk base), see LdsmAddr.
   const LdsmAddr<TileQ> qT(sQ, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
-  const LdsmAddr<TileQ> doT(sdO, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
   const LdsmAddr<TileP> dsT(sdS, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2, mq * kMT3 * 2);
   const LdsmAddr<TileK> kT(sK, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, qg * (kQC / 8));
   const float scale_log2 = p.softmax_scale_log2;
+  // Phase-1 fragment stores of P^T / dS^T: row jl = (nw1*kNT1 + a)*16 + 8*hh + g, column il0 = mg*kMC + nt*8 + 2t.
+  // Since jl & 7 == g, the swizzled byte offset is st_base + st_tab[nt] + (a*16 + 8*hh) * pitch (compile time).
+  uint32_t st_tab[kMC / 8];
+  const uint32_t st_base = static_cast<uint32_t>(((nw1 * kNT1 * 16 + g) * TileP::kPitchChunks) * 16 + 4 * t);
+#pragma unroll
+  for (int nt = 0; nt < kMC / 8; ++nt) {
+    const int v = mg * (kMC / 8) + nt;
+    st_tab[nt] = static_cast<uint32_t>(((v & ~7) + ((v & 7) ^ g)) * 16);
+  }
 
-  for (int m = m_min; m < m_max; ++m) {
+  // One query block. kMask: boundary tile (diagonal, window edge, past seqlen_q/seqlen_k) with element-wise masks;
+  // the fully visible blocks in between carry no mask code (FA2's split of masked and unmasked iterations).
+  auto step = [&](const int m, auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
     const int buf = (m - m_min) & 1;
-    const uint32_t qoff = buf * TileQ::kBytes;
+    // This block's Q/dO buffer: the buffer offset goes into the table bases once per block.
+    LdsmAddr<TileQ> qBi = qB, qTi = qT;
+    qBi.base += buf * TileQ::kBytes;
+    qTi.base += buf * TileQ::kBytes;
     cp_async_wait<0>();
     __syncthreads();
     if (m + 1 < m_max) load_q_block(m + 1, buf ^ 1);
@@ -164,14 +190,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
       uint32_t ak[kNT1][4], av[kNT1][4];
 #pragma unroll
       for (int a = 0; a < kNT1; ++a) {
-        ldmatrix_x4(ak[a], kA((nw1 * kNT1 + a) * 16, kk * 2));
-        ldmatrix_x4(av[a], vA((nw1 * kNT1 + a) * 16, kk * 2));
+        ldmatrix_x4(ak[a], kA(a * 16, kk * 2));
+        ldmatrix_x4(av[a], kA(a * 16, kk * 2) + kVOff);
       }
 #pragma unroll
       for (int nt2 = 0; nt2 < kMC / 16; ++nt2) {
         uint32_t bq[4], bo[4];
-        ldmatrix_x4(bq, qB(mg * kMC + nt2 * 16, kk * 2) + qoff);
-        ldmatrix_x4(bo, doB(mg * kMC + nt2 * 16, kk * 2) + qoff);
+        ldmatrix_x4(bq, qBi(nt2 * 16, kk * 2));
+        ldmatrix_x4(bo, qBi(nt2 * 16, kk * 2) + kDoOff);
 #pragma unroll
         for (int a = 0; a < kNT1; ++a) {
           mma_16816<T>(s[a][2 * nt2], ak[a], bq[0], bq[1]);
@@ -181,38 +207,39 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
         }
       }
     }
-    const bool need_mask = n0 + kBlockN > si.seqlen_k || m0 + kBlockM > si.seqlen_q ||
-                           !rule.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
     const float* lse_s = sLse + buf * kBlockM;
     const float* d_s = sD + buf * kBlockM;
 #pragma unroll
-    for (int a = 0; a < kNT1; ++a)
+    for (int nt = 0; nt < kMC / 8; ++nt) {
+      // This thread's two query columns of the 8-column tile: lse*log2(e) and D, loaded once for all key rows.
+      const int il0 = mg * kMC + nt * 8 + 2 * t;
+      const float2 lse2 = *reinterpret_cast<const float2*>(lse_s + il0);
+      const float2 d2 = *reinterpret_cast<const float2*>(d_s + il0);
 #pragma unroll
-      for (int nt = 0; nt < kMC / 8; ++nt) {
+      for (int a = 0; a < kNT1; ++a)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int jl = (nw1 * kNT1 + a) * 16 + g + 8 * hh;  // key row within the block
           float pv[2], dsv[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int il = mg * kMC + nt * 8 + 2 * t + e;  // query column within the block
             float sv = s[a][nt][2 * hh + e];
-            if (p.softcap) sv = tanh_approx(sv * p.score_scale);
-            float pe = exp2_approx(fmaf(sv, scale_log2, -lse_s[il]));
-            if (need_mask) {
-              const int i = m0 + il, j = n0 + jl;
+            if constexpr (kSoftcap) sv = tanh_approx(sv * p.score_scale);
+            float pe = exp2_approx(fmaf(sv, scale_log2, -(e ? lse2.y : lse2.x)));
+            if constexpr (kMask) {
+              const int i = m0 + il0 + e, j = n0 + jl;
               if (i >= si.seqlen_q || j >= si.seqlen_k || !rule.visible(i, j)) pe = 0.f;
             }
-            float de = pe * (dp[a][nt][2 * hh + e] - d_s[il]);
-            if (p.softcap) de *= (1.f - sv * sv);
+            float de = pe * (dp[a][nt][2 * hh + e] - (e ? d2.y : d2.x));
+            if constexpr (kSoftcap) de *= (1.f - sv * sv);
             pv[e] = pe;
             dsv[e] = de;
           }
-          const uint32_t off = TileP::offset_elem(jl, mg * kMC + nt * 8 + 2 * t);
+          const uint32_t off = st_base + st_tab[nt] + static_cast<uint32_t>((a * 16 + 8 * hh) * TileP::kPitchChunks * 16);
           *reinterpret_cast<uint32_t*>(smem + (sP - sQ) + off) = pack2<T>(pv[0], pv[1]);
           *reinterpret_cast<uint32_t*>(smem + (sdS - sQ) + off) = pack2<T>(dsv[0], dsv[1]);
         }
-      }
+    }
     __syncthreads();
 
     // ---- phase 2: dV += P^T dO, dK += dS^T Q --------------------------------------------------------------------
@@ -221,14 +248,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
       uint32_t ap[kNT2][4], ads[kNT2][4];
 #pragma unroll
       for (int a = 0; a < kNT2; ++a) {
-        ldmatrix_x4(ap[a], pA((nw2 * kNT2 + a) * 16, kk * 2));
-        ldmatrix_x4(ads[a], dsA((nw2 * kNT2 + a) * 16, kk * 2));
+        ldmatrix_x4(ap[a], pA(a * 16, kk * 2));
+        ldmatrix_x4(ads[a], pA(a * 16, kk * 2) + kDsOff);
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < kDC / 16; ++dt2) {
         uint32_t bo[4], bq[4];
-        ldmatrix_x4_trans(bo, doT(kk * 16, dt2 * 2) + qoff);
-        ldmatrix_x4_trans(bq, qT(kk * 16, dt2 * 2) + qoff);
+        ldmatrix_x4_trans(bo, qTi(kk * 16, dt2 * 2) + kDoOff);
+        ldmatrix_x4_trans(bq, qTi(kk * 16, dt2 * 2));
 #pragma unroll
         for (int a = 0; a < kNT2; ++a) {
           mma_16816<T>(dv[a][2 * dt2], ap[a], bo[0], bo[1]);
@@ -239,74 +266,102 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
       }
     }
 
-    // ---- phase 3: dQ += dS K --------------------------------------------------------------------------------------
-    float dq[kMT3][kQC / 8][4];
-#pragma unroll
-    for (int a = 0; a < kMT3; ++a)
-#pragma unroll
-      for (int i = 0; i < kQC / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[a][i][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t am[kMT3][4];
-#pragma unroll
-      for (int a = 0; a < kMT3; ++a) ldmatrix_x4_trans(am[a], dsT(kk * 16, a * 2));
-#pragma unroll
-      for (int dt2 = 0; dt2 < kQC / 16; ++dt2) {
-        uint32_t bk[4];
-        ldmatrix_x4_trans(bk, kT(kk * 16, dt2 * 2));
-#pragma unroll
-        for (int a = 0; a < kMT3; ++a) {
-          mma_16816<T>(dq[a][2 * dt2], am[a], bk[0], bk[1]);
-          mma_16816<T>(dq[a][2 * dt2 + 1], am[a], bk[2], bk[3]);
-        }
-      }
-    }
+    // ---- phase 3: dQ += dS K, in kDQChunks column chunks, each added to the float32 dq_accum ------------------
     float* dqa = p.dq_accum + ((row_base + m0) * p.num_heads + h) * static_cast<int64_t>(p.head_dim_rounded);
     const int64_t dq_row_stride = static_cast<int64_t>(p.num_heads) * p.head_dim_rounded;
     int* sem = nullptr;
-    if (p.deterministic) {
-      // Our turn = number of K/V blocks before ours that contribute to this query block.
-      int64_t k_first, k_last;
-      rule.block_key_range(m0, min(m0 + kBlockM, si.seqlen_q), &k_first, &k_last);
-      const int turn = n_block - static_cast<int>(k_first / kBlockN);
-      sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.num_m_blocks + m;
-      if (threadIdx.x == 0) {
-        while (ld_acquire(sem) != turn) {
-        }
-      }
-      __syncthreads();
-    }
+    constexpr int kQCc = Cfg::kQCc;
 #pragma unroll
-    for (int a = 0; a < kMT3; ++a)
+    for (int chunk = 0; chunk < Cfg::kDQChunks; ++chunk) {
+      float dq[kMT3][kQCc / 8][4];
 #pragma unroll
-      for (int dt = 0; dt < kQC / 8; ++dt)
+      for (int a = 0; a < kMT3; ++a)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int il = (mq * kMT3 + a) * 16 + g + 8 * hh;
-          const int c = qg * kQC + dt * 8 + 2 * t;
-          if (m0 + il < si.seqlen_q && c < p.head_dim) {
-            float* dst = dqa + il * dq_row_stride + c;
-            if (p.deterministic) {
-              float2 cur = __ldcg(reinterpret_cast<const float2*>(dst));
-              cur.x += dq[a][dt][2 * hh];
-              cur.y += dq[a][dt][2 * hh + 1];
-              __stcg(reinterpret_cast<float2*>(dst), cur);
-            } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]));
-#else
-              atomicAdd(dst, dq[a][dt][2 * hh]);
-              atomicAdd(dst + 1, dq[a][dt][2 * hh + 1]);
-#endif
-            }
+        for (int i = 0; i < kQCc / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[a][i][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t am[kMT3][4];
+#pragma unroll
+        for (int a = 0; a < kMT3; ++a) ldmatrix_x4_trans(am[a], dsT(kk * 16, a * 2));
+#pragma unroll
+        for (int dt2 = 0; dt2 < kQCc / 16; ++dt2) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, kT(kk * 16, chunk * (kQCc / 8) + dt2 * 2));
+#pragma unroll
+          for (int a = 0; a < kMT3; ++a) {
+            mma_16816<T>(dq[a][2 * dt2], am[a], bk[0], bk[1]);
+            mma_16816<T>(dq[a][2 * dt2 + 1], am[a], bk[2], bk[3]);
           }
         }
+      }
+      if (p.deterministic && chunk == 0) {
+        // Our turn = number of K/V blocks before ours that contribute to this query block.
+        int64_t k_first, k_last;
+        rule.block_key_range(m0, min(m0 + kBlockM, si.seqlen_q), &k_first, &k_last);
+        const int turn = n_block - static_cast<int>(k_first / kBlockN);
+        sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.num_m_blocks + m;
+        if (threadIdx.x == 0) {
+          while (ld_acquire(sem) != turn) {
+          }
+        }
+        __syncthreads();
+      }
+      // This thread's dQ fragment: rows (mq*kMT3 + a)*16 + g + 8*hh, columns qg*kQC + chunk*kQCc + dt*8 + 2t.
+      const int col0 = qg * kQC + chunk * kQCc + 2 * t;
+      float* dq_thread = dqa + ((mq * kMT3) * 16 + g) * dq_row_stride + col0;
+      const bool full_block = !kMask && p.head_dim == kHeadDim;  // every row and column exists
+      if (!p.deterministic && full_block) {
+#pragma unroll
+        for (int a = 0; a < kMT3; ++a)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float* row = dq_thread + (a * 16 + 8 * hh) * dq_row_stride;
+#pragma unroll
+            for (int dt = 0; dt < kQCc / 8; ++dt) red_add_f32x2(row + dt * 8, dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]);
+          }
+      } else {
+#pragma unroll
+        for (int a = 0; a < kMT3; ++a)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int il = (mq * kMT3 + a) * 16 + g + 8 * hh;
+            float* row = dq_thread + (a * 16 + 8 * hh) * dq_row_stride;
+            if (m0 + il >= si.seqlen_q) continue;
+#pragma unroll
+            for (int dt = 0; dt < kQCc / 8; ++dt) {
+              if (col0 + dt * 8 >= p.head_dim) continue;
+              float* dst = row + dt * 8;
+              if (p.deterministic) {
+                float2 cur = __ldcg(reinterpret_cast<const float2*>(dst));
+                cur.x += dq[a][dt][2 * hh];
+                cur.y += dq[a][dt][2 * hh + 1];
+                __stcg(reinterpret_cast<float2*>(dst), cur);
+              } else {
+                red_add_f32x2(dst, dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]);
+              }
+            }
+          }
+      }
+    }
     if (p.deterministic) {
       __threadfence();
       __syncthreads();
       if (threadIdx.x == 0) atomicAdd(sem, 1);
+    }
+  };
+
+  auto needs_mask = [&](int m) {
+    const int m0 = m * kBlockM;
+    return n0 + kBlockN > si.seqlen_k || m0 + kBlockM > si.seqlen_q ||
+           !rule.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+  };
+  for (int m = m_min; m < m_max; ++m) {
+    if (needs_mask(m)) {
+      step(m, std::true_type{});
+    } else {
+      step(m, std::false_type{});
     }
   }
 

@@ -12,12 +12,13 @@ namespace flashkv::cuda {
 
 template <int kHeadDim>
 struct BwdTiles;  // kBlockM, kBlockN, warps, then the warp grids (phase 1 key-row warps, phase 2 key-row warps,
-                  // phase 3 query-row warps); see BwdConfig
-template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 64, 128, 8, 4, 4, 2>; };
+                  // phase 3 query-row warps) and the dQ column passes; see BwdConfig. Chosen from the sweep in
+                  // bench/gpu/tune (H200, bench/results/h200-tune-*.md).
+template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 128, 128, 8, 4, 4, 4>; };
 template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
 template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
-template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 2>; };
-template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>; };
+template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4, 2>; };
+template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 4, 2, 2, 2>; };
 
 namespace sm80 {
 
@@ -101,9 +102,9 @@ __global__ void bwd_reduce_kv_kernel(const BwdParams p) {
 
 }  // namespace sm80
 
-template <int kHeadDim, class T>
-void run_bwd(const BwdParams& p, cudaStream_t stream) {
-  using Cfg = typename BwdTiles<kHeadDim>::Cfg;
+/// Preprocess, main kernel of configuration Cfg (a BwdConfig), dq conversion and (GQA) dk/dv reduction.
+template <class Cfg, class T>
+void run_bwd_cfg(const BwdParams& p, cudaStream_t stream) {
   if (p.total_q > 0) {
     const int64_t threads = p.total_q * p.num_heads * 32;
     sm80::bwd_preprocess_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
@@ -114,7 +115,7 @@ void run_bwd(const BwdParams& p, cudaStream_t stream) {
                                static_cast<size_t>(p.batch) * p.num_heads * p.num_m_blocks * sizeof(int32_t), stream),
                "cudaMemsetAsync(dq semaphore)");
   }
-  auto kernel = sm80::bwd_kernel<Cfg, T>;
+  auto kernel = p.softcap ? sm80::bwd_kernel<Cfg, T, true> : sm80::bwd_kernel<Cfg, T, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
              "cudaFuncSetAttribute(bwd)");
   const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads, p.batch);
@@ -134,6 +135,11 @@ void run_bwd(const BwdParams& p, cudaStream_t stream) {
       check_cuda(cudaGetLastError(), "bwd dk/dv reduction launch");
     }
   }
+}
+
+template <int kHeadDim, class T>
+void run_bwd(const BwdParams& p, cudaStream_t stream) {
+  run_bwd_cfg<typename BwdTiles<kHeadDim>::Cfg, T>(p, stream);
 }
 
 }  // namespace flashkv::cuda

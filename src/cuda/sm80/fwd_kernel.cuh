@@ -14,6 +14,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "core/mask.hpp"
 #include "cuda/params.hpp"
@@ -23,9 +24,15 @@
 
 namespace flashkv::cuda::sm80 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kRescaleSkip_ = true>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
+  /// Conditional rescaling (FlashAttention-4's idea, exact): a row's running max m is raised only when the new tile
+  /// max exceeds it by more than kRescaleThreshold (log2 units), so P = exp2(s - m) stays <= 2^threshold; O and l are
+  /// rescaled only then, and a warp skips the O rescale entirely when none of its rows moved. Numerator and
+  /// denominator use the same m, so the result is unchanged.
+  static constexpr bool kRescaleSkip = kRescaleSkip_;
+  static constexpr float kRescaleThreshold = 8.f;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
@@ -37,7 +44,9 @@ struct FwdConfig {
   static constexpr int kSmemBytes = TileQ::kBytes + 2 * TileKV::kBytes;
 };
 
-template <class Cfg, class T>
+/// kSoftcap: scores pass through softcap * tanh(s / softcap) (Gemma 2); a template flag so that the common path carries
+/// no tanh code at all.
+template <class Cfg, class T, bool kSoftcap>
 __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMTiles;
@@ -72,10 +81,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
   const uint32_t sK = sQ + TileQ::kBytes;
   const uint32_t sV = sK + TileKV::kBytes;
 
+  const TileCopy<TileKV, kThreads> kv_copy(p.head_dim);
   auto load_kv = [&](uint32_t dst, const T* base, int64_t row_stride, int n) {
     const int r0 = n * kBlockN;
-    load_tile_async<TileKV, kThreads>(
-        dst, [&](int r) { return base + (r0 + r) * row_stride; }, si.seqlen_k - r0, p.head_dim, base);
+    kv_copy.copy(dst, base + r0 * row_stride, row_stride, si.seqlen_k - r0);
   };
   load_tile_async<TileQ, kThreads>(sQ, [&](int r) { return qg + r * p.q_s.row; }, rows_q, p.head_dim, qg);
   if (n_max > n_min) load_kv(sK, kg, p.k_s.row, n_max - 1);
@@ -96,7 +105,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
   const LdsmAddr<TileKV> k_addr(sK, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
   const LdsmAddr<TileKV> v_addr(sV, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16);
 
-  for (int n = n_max - 1; n >= n_min; --n) {
+  // One K/V step. kMask: boundary tile (diagonal, window edge or past seqlen_k) with element-wise masking; the
+  // unmasked steps in between carry no mask code at all (FA2's split of masked and unmasked iterations).
+  auto step = [&](const int n, auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
     cp_async_wait<0>();
     __syncthreads();  // K(n) landed; every warp is done with V(n+1)
     load_kv(sV, vg, p.v_s.row, n);
@@ -127,7 +139,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
     }
 
     // ---- softcap, mask (boundary tiles only), online softmax ------------------------------------------------------
-    if (p.softcap) {
+    if constexpr (kSoftcap) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -135,10 +147,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanh_approx(s[mt][nt][e] * p.score_scale);
     }
-    const int n0 = n * kBlockN;
-    const bool need_mask =
-        n0 + kBlockN > si.seqlen_k || !rule.tile_fully_visible(m0, m0 + rows_q, n0, n0 + kBlockN);
-    if (need_mask) {
+    if constexpr (kMask) {
+      const int n0 = n * kBlockN;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -156,23 +166,28 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
             }
         }
     }
+    float corr[kMT][2];
+    bool any_rescale = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = row_max[mt][hh];
+        float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
         mx = quad_max(mx);
-        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float corr = exp2_approx(row_max[mt][hh] * scale_log2 - m_scaled);
-        row_max[mt][hh] = mx;
-        row_sum[mt][hh] *= corr;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][2 * hh] *= corr;
-          o[mt][dt][2 * hh + 1] *= corr;
+        const float m_old = row_max[mt][hh];
+        // Raise m only when the tile max exceeds it (by more than the threshold with conditional rescaling; the
+        // first finite max always raises it since m_old = -inf).
+        const bool raise = Cfg::kRescaleSkip ? (mx - m_old) * scale_log2 > Cfg::kRescaleThreshold : mx > m_old;
+        corr[mt][hh] = 1.f;
+        if (raise) {
+          corr[mt][hh] = exp2_approx((m_old - mx) * scale_log2);  // 0 when m_old = -inf
+          row_max[mt][hh] = mx;
+          row_sum[mt][hh] *= corr[mt][hh];
+          any_rescale = true;
         }
+        const float m_scaled = row_max[mt][hh] == -INFINITY ? 0.f : row_max[mt][hh] * scale_log2;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -184,6 +199,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
           }
         row_sum[mt][hh] += sum;
       }
+    // O rescale; skipped by the whole warp when no row of it raised its max (warp-uniform branch).
+    if (!Cfg::kRescaleSkip || __any_sync(0xffffffffu, any_rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          o[mt][dt][0] *= corr[mt][0];
+          o[mt][dt][1] *= corr[mt][0];
+          o[mt][dt][2] *= corr[mt][1];
+          o[mt][dt][3] *= corr[mt][1];
+        }
+    }
 
     cp_async_wait<0>();
     __syncthreads();  // V(n) landed; every warp is done with K(n)
@@ -211,6 +238,20 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
           mma_16816<T>(o[mt][2 * dt2 + 1], a[mt], bv[2], bv[3]);
         }
       }
+    }
+  };
+
+  // Walk the visible tiles from the last to the first: the boundary tiles at the top (diagonal / past seqlen_k) with
+  // masks, then the fully visible ones without, then (sliding window) the masked ones at the left edge.
+  auto needs_mask = [&](int n) {
+    const int n0 = n * kBlockN;
+    return n0 + kBlockN > si.seqlen_k || !rule.tile_fully_visible(m0, m0 + rows_q, n0, n0 + kBlockN);
+  };
+  for (int n = n_max - 1; n >= n_min; --n) {
+    if (needs_mask(n)) {
+      step(n, std::true_type{});
+    } else {
+      step(n, std::false_type{});
     }
   }
 

@@ -4,29 +4,44 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "cuda/check.hpp"
 #include "cuda/sm80/fwd_kernel.cuh"
 
 namespace flashkv::cuda {
 
+/// Tile configuration per head dim, chosen from the sweep in bench/gpu/tune (H200, bench/results/h200-tune-*.md):
+/// kBlockM x kBlockN, warps, conditional rescaling on. CfgCausal may differ where square tiles win under causal
+/// masking (less work wasted on the diagonal).
 template <int kHeadDim>
-struct FwdTiles;  // kBlockM x kBlockN, warps
-template <> struct FwdTiles<64> { using Cfg = sm80::FwdConfig<64, 128, 64, 4>; };
-template <> struct FwdTiles<96> { using Cfg = sm80::FwdConfig<96, 128, 64, 4>; };
-template <> struct FwdTiles<128> { using Cfg = sm80::FwdConfig<128, 128, 64, 4>; };
-template <> struct FwdTiles<192> { using Cfg = sm80::FwdConfig<192, 128, 64, 8>; };
-template <> struct FwdTiles<256> { using Cfg = sm80::FwdConfig<256, 128, 64, 8>; };
+struct FwdTiles;
+template <> struct FwdTiles<64> { using Cfg = sm80::FwdConfig<64, 128, 128, 4>; using CfgCausal = Cfg; };
+template <> struct FwdTiles<96> { using Cfg = sm80::FwdConfig<96, 128, 64, 4>; using CfgCausal = Cfg; };
+template <> struct FwdTiles<128> { using Cfg = sm80::FwdConfig<128, 128, 64, 4>; using CfgCausal = Cfg; };
+template <> struct FwdTiles<192> { using Cfg = sm80::FwdConfig<192, 128, 64, 8>; using CfgCausal = Cfg; };
+template <> struct FwdTiles<256> { using Cfg = sm80::FwdConfig<256, 128, 128, 8>; using CfgCausal = Cfg; };
 
-template <int kHeadDim, class T>
-void run_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Cfg = typename FwdTiles<kHeadDim>::Cfg;
-  auto kernel = sm80::fwd_kernel<Cfg, T>;
+/// Launches the forward kernel of configuration Cfg (a FwdConfig) for dtype T.
+template <class Cfg, class T>
+void run_fwd_cfg(const FwdParams& p, cudaStream_t stream) {
+  auto kernel = p.softcap ? sm80::fwd_kernel<Cfg, T, true> : sm80::fwd_kernel<Cfg, T, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
              "cudaFuncSetAttribute(fwd)");
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
   if (grid.x == 0 || p.batch == 0 || p.num_heads == 0) return;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "fwd kernel launch");
+}
+
+template <int kHeadDim, class T>
+void run_fwd(const FwdParams& p, cudaStream_t stream) {
+  using Tiles = FwdTiles<kHeadDim>;
+  const bool causal_like = p.window_right == 0;  // causal (bottom-right) masking, with or without a left window
+  if constexpr (!std::is_same_v<typename Tiles::Cfg, typename Tiles::CfgCausal>) {
+    if (causal_like) return run_fwd_cfg<typename Tiles::CfgCausal, T>(p, stream);
+  }
+  run_fwd_cfg<typename Tiles::Cfg, T>(p, stream);
 }
 
 }  // namespace flashkv::cuda

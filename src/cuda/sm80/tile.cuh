@@ -91,4 +91,66 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_p
   }
 }
 
+/// Per-thread plan for copying Tile-shaped row blocks of one strided global matrix into shared memory with cp.async:
+/// thread i owns chunk column (i % kChunks) and rows row0 + it * kRowStep. Everything that depends only on the thread
+/// (row, swizzled destination offset, column validity) is computed once; a copy is then one 64-bit pointer per tile and
+/// one pointer increment per 16-byte chunk, instead of recomputing the full address (and a bounds test) per chunk.
+template <class Tile, int kThreads>
+struct TileCopy {
+  /// The per-thread fast path needs whole rows per pass and a row step that keeps the swizzle phase (row & 7); other
+  /// shapes (head dims 96/192 with these thread counts) use load_tile_async.
+  static constexpr bool kFast = kThreads % Tile::kChunks == 0 && (Tile::kRows * Tile::kChunks) % kThreads == 0 &&
+                                (kThreads / Tile::kChunks) % 8 == 0;
+  static constexpr int kRowStep = kFast ? kThreads / Tile::kChunks : 1;
+  static constexpr int kIters = kFast ? Tile::kRows * Tile::kChunks / kThreads : 1;
+  int row0;          ///< first row of this thread
+  uint32_t dst_off;  ///< byte offset of (row0, chunk) inside the tile
+  int col_bytes;     ///< byte offset of this thread's chunk within a row
+  bool col_ok;       ///< chunk < num_cols (else zero-filled: head_dim padding)
+  int num_cols;
+
+  __device__ __forceinline__ explicit TileCopy(int num_cols_) : num_cols(num_cols_) {
+    const int c = static_cast<int>(threadIdx.x) % Tile::kChunks;
+    row0 = static_cast<int>(threadIdx.x) / Tile::kChunks;
+    dst_off = Tile::offset(row0, c);
+    col_bytes = c * 16;
+    col_ok = c * 8 < num_cols;
+  }
+
+  /// Copies rows [0, kRows) of the tile whose row 0 is at `tile_base` (row stride `row_stride` elements) to the
+  /// shared tile at `smem_base`. kFull: every row and column exists (no predicates, no address selects); otherwise
+  /// rows >= valid_rows and chunks past num_cols are zero-filled and not read.
+  template <bool kFull, class T>
+  __device__ __forceinline__ void run(uint32_t smem_base, const T* tile_base, int64_t row_stride,
+                                      int valid_rows) const {
+    if constexpr (!kFast) {
+      load_tile_async<Tile, kThreads>(
+          smem_base, [&](int r) { return tile_base + r * row_stride; }, valid_rows, num_cols, tile_base);
+    } else {
+      const char* src = reinterpret_cast<const char*>(tile_base + row0 * row_stride) + col_bytes;
+      const int64_t step = static_cast<int64_t>(kRowStep) * row_stride * static_cast<int64_t>(sizeof(T));
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const uint32_t dst = smem_base + dst_off + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16);
+        if constexpr (kFull) {
+          cp_async_16(dst, src);
+        } else {
+          const bool ok = col_ok && row0 + it * kRowStep < valid_rows;
+          cp_async_16(dst, ok ? static_cast<const void*>(src) : static_cast<const void*>(tile_base), ok);
+        }
+        src += step;
+      }
+    }
+  }
+  /// Same with the full/partial choice made at run time (one warp-uniform branch).
+  template <class T>
+  __device__ __forceinline__ void copy(uint32_t smem_base, const T* tile_base, int64_t row_stride,
+                                       int valid_rows) const {
+    if (valid_rows >= Tile::kRows && num_cols >= Tile::kCols) {
+      run<true>(smem_base, tile_base, row_stride, valid_rows);
+    } else {
+      run<false>(smem_base, tile_base, row_stride, valid_rows);
+    }
+  }
+};
 }  // namespace flashkv::cuda::sm80

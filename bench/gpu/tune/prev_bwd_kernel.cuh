@@ -1,0 +1,340 @@
+// FlashAttention-2 backward main kernel for sm_80+ (Dao, "FlashAttention-2", 2023, §3.1.2 Alg. 2 and §3.2).
+//
+// One CTA owns kBlockN keys of one (batch, query head) and walks the query blocks that can see them, recomputing
+// P = exp2(S * scale_log2 - lse_log2) from the forward's lse:
+//   phase 1  S^T = K Q^T, dP^T = V dO^T         warp tiles: (key rows) x (query columns)
+//            P^T, dS^T = P^T o (dP^T - D) (x (1 - tanh^2) with softcap) -> shared memory (16-bit)
+//   phase 2  dV += P^T dO, dK += dS^T Q         warp tiles: (key rows) x (head-dim columns), in registers
+//   phase 3  dQ_partial = dS K                  warp tiles: (query rows) x (head-dim columns)
+//            -> float32 dq_accum: red.global.add (default) or, in deterministic mode, plain adds taken in turn
+//               (K/V block order) behind a per-(batch, head, query block) counter, so sums are bit-identical.
+// Q/dO/lse/D of the next query block are prefetched (cp.async, double buffer) during the current one.
+#pragma once
+
+#include <cmath>
+
+#include "core/mask.hpp"
+#include "cuda/params.hpp"
+#include "cuda/sm80/common.cuh"
+#include "cuda/sm80/ptx.cuh"
+#include "cuda/sm80/tile.cuh"
+
+namespace flashkv::cuda::sm80_prev {
+using namespace flashkv::cuda::sm80;
+
+/// kBlockM x kBlockN tile, kNWarps warps, and for each phase the warp grid: phase 1 (key rows x query cols) = kNW1 x
+/// (kNWarps / kNW1), phase 2 (key rows x head-dim cols) = kNW2 x (kNWarps / kNW2), phase 3 (query rows x head-dim cols)
+/// = kMW3 x (kNWarps / kMW3). Larger, squarer warp tiles cut the ldmatrix traffic per mma.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kNW1_, int kNW2_, int kMW3_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
+  static constexpr int kThreads = kNWarps * 32;
+  static constexpr int kNW1 = kNW1_, kMW1 = kNWarps / kNW1;
+  static constexpr int kNT1 = kBlockN / (16 * kNW1);  // 16-row key tiles per warp, phase 1
+  static constexpr int kMC = kBlockM / kMW1;           // query columns per warp, phase 1
+  static constexpr int kNW2 = kNW2_, kDW2 = kNWarps / kNW2;
+  static constexpr int kNT2 = kBlockN / (16 * kNW2);  // 16-row key tiles per warp, phase 2
+  static constexpr int kDC = kHeadDim / kDW2;          // head-dim columns per warp, phase 2
+  static constexpr int kMW3 = kMW3_, kDW3 = kNWarps / kMW3;
+  static constexpr int kMT3 = kBlockM / (16 * kMW3);  // 16-row query tiles per warp, phase 3
+  static constexpr int kQC = kHeadDim / kDW3;          // head-dim columns per warp, phase 3
+  static_assert(kNT1 * 16 * kNW1 == kBlockN && kNT2 * 16 * kNW2 == kBlockN && kMT3 * 16 * kMW3 == kBlockM,
+                "warp grids must tile the CTA");
+  static_assert(kMC % 16 == 0 && kDC % 16 == 0 && kQC % 16 == 0, "warp tiles must be multiples of 16");
+  using TileQ = SmemTile<kBlockM, kHeadDim>;
+  using TileK = SmemTile<kBlockN, kHeadDim>;
+  using TileP = SmemTile<kBlockN, kBlockM>;
+  static constexpr int kSmemBytes = 4 * TileQ::kBytes + 2 * TileK::kBytes + 2 * TileP::kBytes + 4 * kBlockM * 4;
+};
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kThreads = Cfg::kThreads, kMC = Cfg::kMC, kDC = Cfg::kDC, kQC = Cfg::kQC;
+  constexpr int kNT1 = Cfg::kNT1, kNT2 = Cfg::kNT2, kMT3 = Cfg::kMT3;
+  using TileQ = typename Cfg::TileQ;
+  using TileK = typename Cfg::TileK;
+  using TileP = typename Cfg::TileP;
+
+  extern __shared__ __align__(128) char smem[];
+  const int n_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const SeqInfo si = seq_info(p, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= si.seqlen_k) return;
+  const int rows_k = min(kBlockN, si.seqlen_k - n0);
+  const int group = p.num_heads / p.num_heads_kv;
+  const int hk = h / group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int nw1 = warp % Cfg::kNW1, mg = warp / Cfg::kNW1;  // phase 1: key rows nw1*16*kNT1.., query cols mg*kMC..
+  const int nw2 = warp % Cfg::kNW2, dg = warp / Cfg::kNW2;  // phase 2: key rows nw2*16*kNT2.., dims dg*kDC..
+  const int mq = warp % Cfg::kMW3, qg = warp / Cfg::kMW3;   // phase 3: query rows mq*16*kMT3.., dims qg*kQC..
+
+  const core::MaskRule rule{si.seqlen_q, si.seqlen_k, p.window_left, p.window_right};
+  int64_t q_first, q_last;
+  rule.block_query_range(n0, n0 + rows_k, &q_first, &q_last);
+  const int m_min = static_cast<int>(q_first / kBlockM);
+  const int m_max = q_last > q_first ? static_cast<int>((q_last + kBlockM - 1) / kBlockM) : m_min;
+
+  const T* qg_ = static_cast<const T*>(p.q) + b * p.q_s.batch + si.q_row0 * p.q_s.row + h * p.q_s.head;
+  const T* dog = static_cast<const T*>(p.dout) + b * p.dout_s.batch + si.q_row0 * p.dout_s.row + h * p.dout_s.head;
+  const T* kg = static_cast<const T*>(p.k) + b * p.k_s.batch + (si.k_row0 + n0) * p.k_s.row + hk * p.k_s.head;
+  const T* vg = static_cast<const T*>(p.v) + b * p.v_s.batch + (si.k_row0 + n0) * p.v_s.row + hk * p.v_s.head;
+  const int64_t row_base = global_row(p, si, b, 0);  // packed row of query 0 of this sequence
+  const float* lse2g = p.lse_log2 + static_cast<int64_t>(h) * p.total_q + row_base;
+  const float* dsumg = p.dsum + static_cast<int64_t>(h) * p.total_q + row_base;
+
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sdO = sQ + 2 * TileQ::kBytes;
+  const uint32_t sK = sdO + 2 * TileQ::kBytes;
+  const uint32_t sV = sK + TileK::kBytes;
+  const uint32_t sP = sV + TileK::kBytes;
+  const uint32_t sdS = sP + TileP::kBytes;
+  float* sLse = reinterpret_cast<float*>(smem + 4 * TileQ::kBytes + 2 * TileK::kBytes + 2 * TileP::kBytes);
+  float* sD = sLse + 2 * kBlockM;
+
+  load_tile_async<TileK, kThreads>(sK, [&](int r) { return kg + r * p.k_s.row; }, rows_k, p.head_dim, kg);
+  load_tile_async<TileK, kThreads>(sV, [&](int r) { return vg + r * p.v_s.row; }, rows_k, p.head_dim, vg);
+  auto load_q_block = [&](int m, int buf) {
+    const int m0 = m * kBlockM;
+    const int rows = si.seqlen_q - m0;
+    load_tile_async<TileQ, kThreads>(
+        sQ + buf * TileQ::kBytes, [&](int r) { return qg_ + (m0 + r) * p.q_s.row; }, rows, p.head_dim, qg_);
+    load_tile_async<TileQ, kThreads>(
+        sdO + buf * TileQ::kBytes, [&](int r) { return dog + (m0 + r) * p.dout_s.row; }, rows, p.head_dim, dog);
+    for (int i = threadIdx.x; i < kBlockM; i += kThreads) {
+      if (i < rows) {
+        cp_async_4(smem_addr(sLse + buf * kBlockM + i), lse2g + m0 + i);
+        cp_async_4(smem_addr(sD + buf * kBlockM + i), dsumg + m0 + i);
+      } else {
+        sLse[buf * kBlockM + i] = INFINITY;  // padded rows: P = 0
+        sD[buf * kBlockM + i] = 0.f;
+      }
+    }
+  };
+  if (m_max > m_min) load_q_block(m_min, 0);
+  cp_async_commit();
+
+  float dk[kNT2][kDC / 8][4], dv[kNT2][kDC / 8][4];
+#pragma unroll
+  for (int a = 0; a < kNT2; ++a)
+#pragma unroll
+    for (int i = 0; i < kDC / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[a][i][e] = dv[a][i][e] = 0.f;
+
+  const LdsmAddr<TileK> kA(sK, lane % 16, lane / 16), vA(sV, lane % 16, lane / 16);
+  const LdsmAddr<TileQ> qB(sQ, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
+  const LdsmAddr<TileQ> doB(sdO, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
+  const LdsmAddr<TileP> pA(sP, lane % 16, lane / 16), dsA(sdS, lane % 16, lane / 16);
+  // Warp-dependent column offsets are folded into the address tables (chunk base), see LdsmAddr.
+  const LdsmAddr<TileQ> qT(sQ, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
+  const LdsmAddr<TileQ> doT(sdO, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
+  const LdsmAddr<TileP> dsT(sdS, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2, mq * kMT3 * 2);
+  const LdsmAddr<TileK> kT(sK, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, qg * (kQC / 8));
+  const float scale_log2 = p.softmax_scale_log2;
+
+  for (int m = m_min; m < m_max; ++m) {
+    const int buf = (m - m_min) & 1;
+    const uint32_t qoff = buf * TileQ::kBytes;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (m + 1 < m_max) load_q_block(m + 1, buf ^ 1);
+    cp_async_commit();
+    const int m0 = m * kBlockM;
+
+    // ---- phase 1: S^T and dP^T --------------------------------------------------------------------------------
+    float s[kNT1][kMC / 8][4], dp[kNT1][kMC / 8][4];
+#pragma unroll
+    for (int a = 0; a < kNT1; ++a)
+#pragma unroll
+      for (int i = 0; i < kMC / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[a][i][e] = dp[a][i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t ak[kNT1][4], av[kNT1][4];
+#pragma unroll
+      for (int a = 0; a < kNT1; ++a) {
+        ldmatrix_x4(ak[a], kA((nw1 * kNT1 + a) * 16, kk * 2));
+        ldmatrix_x4(av[a], vA((nw1 * kNT1 + a) * 16, kk * 2));
+      }
+#pragma unroll
+      for (int nt2 = 0; nt2 < kMC / 16; ++nt2) {
+        uint32_t bq[4], bo[4];
+        ldmatrix_x4(bq, qB(mg * kMC + nt2 * 16, kk * 2) + qoff);
+        ldmatrix_x4(bo, doB(mg * kMC + nt2 * 16, kk * 2) + qoff);
+#pragma unroll
+        for (int a = 0; a < kNT1; ++a) {
+          mma_16816<T>(s[a][2 * nt2], ak[a], bq[0], bq[1]);
+          mma_16816<T>(s[a][2 * nt2 + 1], ak[a], bq[2], bq[3]);
+          mma_16816<T>(dp[a][2 * nt2], av[a], bo[0], bo[1]);
+          mma_16816<T>(dp[a][2 * nt2 + 1], av[a], bo[2], bo[3]);
+        }
+      }
+    }
+    const bool need_mask = n0 + kBlockN > si.seqlen_k || m0 + kBlockM > si.seqlen_q ||
+                           !rule.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+    const float* lse_s = sLse + buf * kBlockM;
+    const float* d_s = sD + buf * kBlockM;
+#pragma unroll
+    for (int a = 0; a < kNT1; ++a)
+#pragma unroll
+      for (int nt = 0; nt < kMC / 8; ++nt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int jl = (nw1 * kNT1 + a) * 16 + g + 8 * hh;  // key row within the block
+          float pv[2], dsv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int il = mg * kMC + nt * 8 + 2 * t + e;  // query column within the block
+            float sv = s[a][nt][2 * hh + e];
+            if (p.softcap) sv = tanh_approx(sv * p.score_scale);
+            float pe = exp2_approx(fmaf(sv, scale_log2, -lse_s[il]));
+            if (need_mask) {
+              const int i = m0 + il, j = n0 + jl;
+              if (i >= si.seqlen_q || j >= si.seqlen_k || !rule.visible(i, j)) pe = 0.f;
+            }
+            float de = pe * (dp[a][nt][2 * hh + e] - d_s[il]);
+            if (p.softcap) de *= (1.f - sv * sv);
+            pv[e] = pe;
+            dsv[e] = de;
+          }
+          const uint32_t off = TileP::offset_elem(jl, mg * kMC + nt * 8 + 2 * t);
+          *reinterpret_cast<uint32_t*>(smem + (sP - sQ) + off) = pack2<T>(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(smem + (sdS - sQ) + off) = pack2<T>(dsv[0], dsv[1]);
+        }
+      }
+    __syncthreads();
+
+    // ---- phase 2: dV += P^T dO, dK += dS^T Q --------------------------------------------------------------------
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t ap[kNT2][4], ads[kNT2][4];
+#pragma unroll
+      for (int a = 0; a < kNT2; ++a) {
+        ldmatrix_x4(ap[a], pA((nw2 * kNT2 + a) * 16, kk * 2));
+        ldmatrix_x4(ads[a], dsA((nw2 * kNT2 + a) * 16, kk * 2));
+      }
+#pragma unroll
+      for (int dt2 = 0; dt2 < kDC / 16; ++dt2) {
+        uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, doT(kk * 16, dt2 * 2) + qoff);
+        ldmatrix_x4_trans(bq, qT(kk * 16, dt2 * 2) + qoff);
+#pragma unroll
+        for (int a = 0; a < kNT2; ++a) {
+          mma_16816<T>(dv[a][2 * dt2], ap[a], bo[0], bo[1]);
+          mma_16816<T>(dv[a][2 * dt2 + 1], ap[a], bo[2], bo[3]);
+          mma_16816<T>(dk[a][2 * dt2], ads[a], bq[0], bq[1]);
+          mma_16816<T>(dk[a][2 * dt2 + 1], ads[a], bq[2], bq[3]);
+        }
+      }
+    }
+
+    // ---- phase 3: dQ += dS K --------------------------------------------------------------------------------------
+    float dq[kMT3][kQC / 8][4];
+#pragma unroll
+    for (int a = 0; a < kMT3; ++a)
+#pragma unroll
+      for (int i = 0; i < kQC / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[a][i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t am[kMT3][4];
+#pragma unroll
+      for (int a = 0; a < kMT3; ++a) ldmatrix_x4_trans(am[a], dsT(kk * 16, a * 2));
+#pragma unroll
+      for (int dt2 = 0; dt2 < kQC / 16; ++dt2) {
+        uint32_t bk[4];
+        ldmatrix_x4_trans(bk, kT(kk * 16, dt2 * 2));
+#pragma unroll
+        for (int a = 0; a < kMT3; ++a) {
+          mma_16816<T>(dq[a][2 * dt2], am[a], bk[0], bk[1]);
+          mma_16816<T>(dq[a][2 * dt2 + 1], am[a], bk[2], bk[3]);
+        }
+      }
+    }
+    float* dqa = p.dq_accum + ((row_base + m0) * p.num_heads + h) * static_cast<int64_t>(p.head_dim_rounded);
+    const int64_t dq_row_stride = static_cast<int64_t>(p.num_heads) * p.head_dim_rounded;
+    int* sem = nullptr;
+    if (p.deterministic) {
+      // Our turn = number of K/V blocks before ours that contribute to this query block.
+      int64_t k_first, k_last;
+      rule.block_key_range(m0, min(m0 + kBlockM, si.seqlen_q), &k_first, &k_last);
+      const int turn = n_block - static_cast<int>(k_first / kBlockN);
+      sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.num_m_blocks + m;
+      if (threadIdx.x == 0) {
+        while (ld_acquire(sem) != turn) {
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < kMT3; ++a)
+#pragma unroll
+      for (int dt = 0; dt < kQC / 8; ++dt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int il = (mq * kMT3 + a) * 16 + g + 8 * hh;
+          const int c = qg * kQC + dt * 8 + 2 * t;
+          if (m0 + il < si.seqlen_q && c < p.head_dim) {
+            float* dst = dqa + il * dq_row_stride + c;
+            if (p.deterministic) {
+              float2 cur = __ldcg(reinterpret_cast<const float2*>(dst));
+              cur.x += dq[a][dt][2 * hh];
+              cur.y += dq[a][dt][2 * hh + 1];
+              __stcg(reinterpret_cast<float2*>(dst), cur);
+            } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]));
+#else
+              atomicAdd(dst, dq[a][dt][2 * hh]);
+              atomicAdd(dst + 1, dq[a][dt][2 * hh + 1]);
+#endif
+            }
+          }
+        }
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(sem, 1);
+    }
+  }
+
+  cp_async_wait<0>();
+  // ---- epilogue: dK (scaled), dV ------------------------------------------------------------------------------------
+#pragma unroll
+  for (int a = 0; a < kNT2; ++a)
+#pragma unroll
+    for (int dt = 0; dt < kDC / 8; ++dt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int jl = (nw2 * kNT2 + a) * 16 + g + 8 * hh;
+        const int c = dg * kDC + dt * 8 + 2 * t;
+        if (jl >= rows_k || c >= p.head_dim) continue;
+        const float k0v = dk[a][dt][2 * hh] * p.softmax_scale, k1v = dk[a][dt][2 * hh + 1] * p.softmax_scale;
+        const float v0v = dv[a][dt][2 * hh], v1v = dv[a][dt][2 * hh + 1];
+        if (group == 1) {
+          T* dkg = static_cast<T*>(p.dk) + b * p.dk_s.batch + (si.k_row0 + n0 + jl) * p.dk_s.row + hk * p.dk_s.head;
+          T* dvg = static_cast<T*>(p.dv) + b * p.dv_s.batch + (si.k_row0 + n0 + jl) * p.dv_s.row + hk * p.dv_s.head;
+          *reinterpret_cast<uint32_t*>(dkg + c) = pack2<T>(k0v, k1v);
+          *reinterpret_cast<uint32_t*>(dvg + c) = pack2<T>(v0v, v1v);
+        } else {
+          const int64_t off = ((global_row_k(p, si, b, n0 + jl)) * p.num_heads + h) * p.head_dim_rounded + c;
+          *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(k0v, k1v);
+          *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(v0v, v1v);
+        }
+      }
+}
+
+}  // namespace flashkv::cuda::sm80_prev
