@@ -106,14 +106,6 @@ FLASHKV_ALWAYS_INLINE void fold_channel_scale(const float* qg, int64_t g, int64_
   }
 }
 
-FLASHKV_ALWAYS_INLINE void add_bias(float* sc, int64_t g, int64_t n, const float* bias) {
-  for (int64_t hh = 0; hh < g; ++hh) {
-    float* srow = sc + hh * kTile;
-    const float b = bias[hh];
-    for (int64_t j = 0; j < n; ++j) srow[j] += b;
-  }
-}
-
 /// Scores of rows qi·g .. qi·g + g − 1 against keys [j0, j0 + cnt) (tile-relative) into sc[h·kTile + j − j0].
 FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, int64_t j0, int cnt, const float* qg,
                                        const float* qs, TileScratch& scr) {
