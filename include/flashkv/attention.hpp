@@ -67,8 +67,9 @@ struct AttentionOptions {
   int32_t window_size_right = -1;      ///< −1 = unbounded (tokens)
   float softcap = 0.0f;                ///< 0 = off
   Algorithm algorithm = Algorithm::tiled;
-  bool deterministic = true;           ///< backward: bit-identical run to run (CPU is always deterministic,
-                                       ///< for any num_threads)
+  bool deterministic = false;          ///< CUDA backward: true = dq summed in a fixed order, bit-identical
+                                       ///< run to run (about half the speed); false (default, as in
+                                       ///< FlashAttention) = float32 atomics. The CPU is always deterministic.
   int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
 };

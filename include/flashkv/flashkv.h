@@ -75,7 +75,7 @@ typedef struct {
   int32_t window_size_right; /* -1 = unbounded */
   float softcap;             /* 0 = off */
   int32_t algorithm;         /* flashkv_algorithm */
-  int32_t deterministic;
+  int32_t deterministic;     /* CUDA backward: 1 = bit-identical run to run (slower); 0 (default) = atomics */
   int32_t num_threads;       /* CPU; 0 = default */
   void* stream;              /* CUDA: cudaStream_t */
 } flashkv_attention_options;

@@ -31,6 +31,8 @@ import ctypes
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import _library as L
 from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
 
@@ -98,13 +100,16 @@ def _prepare(
     algorithm: str,
     num_threads: int,
     dout: Any = _FORWARD,
+    deterministic: bool = False,
 ) -> tuple[L.AttentionOptions, TensorArg | None, TensorArg, TensorArg, TensorArg]:
     """Checks `dtype` and the options, then converts dout (backward only), q, k, v, in that order.
 
     Returns (o, tdo, tq, tk, tv); tdo is None for a forward call (dout not passed).
     """
     _check_dtype_arg(dtype)
-    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, True)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"flashkv: argument 'deterministic': expected a bool, got {type(deterministic).__name__}")
+    o = _options(causal, window_size, softcap, softmax_scale, algorithm, num_threads, bool(deterministic))
     tdo = None if dout is _FORWARD else to_tensor(dout, "dout", dtype)
     tq, tk, tv = to_tensor(q, "q", dtype), to_tensor(k, "k", dtype), to_tensor(v, "v", dtype)
     return o, tdo, tq, tk, tv
@@ -199,14 +204,19 @@ def attention_backward(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    deterministic: bool = False,
 ) -> tuple[Any, Any, Any]:
-    """Fixed-length backward (FA2 Alg. 2: recomputes P = exp(S * scale - lse) tile by tile; deterministic).
+    """Fixed-length backward (FA2 Alg. 2: recomputes P = exp(S * scale - lse) tile by tile).
 
     `out` and `lse` must come from `attention(..., return_lse=True)` with the same options. dout is like out.
     Returns (dq, dk, dv) shaped and typed like q, k, v (same kind as q). Gradients of rows that see no key are 0.
+    deterministic: CUDA only (the CPU backward is always deterministic). False (default, as in FlashAttention):
+    dq is summed with float32 atomics, so its last bits may differ run to run; True: dq is summed in a fixed order
+    and every gradient is bit-identical run to run, at about half the speed.
     """
     o, tdo, tq, tk, tv = _prepare(
-        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout
+        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
+        deterministic=deterministic,
     )
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     dq, dk, dv = _grads_like(tq, tk, tv)
@@ -279,13 +289,15 @@ def attention_varlen_backward(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    deterministic: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Varlen backward; lse is [num_heads, total_q] from `attention_varlen(..., return_lse=True)`.
 
-    Returns (dq, dk, dv) shaped and typed like q, k, v.
+    Returns (dq, dk, dv) shaped and typed like q, k, v. deterministic: as in `attention_backward`.
     """
     o, tdo, tq, tk, tv = _prepare(
-        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout
+        dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
+        deterministic=deterministic,
     )
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")

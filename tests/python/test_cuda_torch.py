@@ -163,9 +163,11 @@ def test_backward_matches_reference(torch, rng, dtype, case):
     for name, g, r, n in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, lowp):
         err, base = max_err(f64(g), r), max_err(n.astype(np.float64), r)
         assert err <= 3 * base + 1e-4, (name, err, base)
-    again = flashkv.attention_backward(dout, q, k, v, out, lse, **opts)  # deterministic by default
-    for a, g in zip(again, (dq, dk, dv)):
-        assert torch.equal(a, g)
+    det = flashkv.attention_backward(dout, q, k, v, out, lse, deterministic=True, **opts)
+    again = flashkv.attention_backward(dout, q, k, v, out, lse, deterministic=True, **opts)
+    for a, g, x in zip(again, det, (dq, dk, dv)):
+        assert torch.equal(a, g)  # bit-identical run to run
+        assert max_err(f64(a), f64(x)) <= 2e-2  # atomic (default) vs fixed order: rounding only
 
 
 # ---- varlen -------------------------------------------------------------------------------------------------------

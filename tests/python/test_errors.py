@@ -116,6 +116,13 @@ def test_backward_errors(qkv, rng):
         flashkv.attention_backward(dout, q, k, v, out[:, :3], lse)
     with pytest.raises(TypeError, match=names("lse")):
         flashkv.attention_backward(dout, q, k, v, out, None)
+    with pytest.raises(TypeError, match=names("deterministic")):
+        flashkv.attention_backward(dout, q, k, v, out, lse, deterministic="yes")
+    # the CPU backward is deterministic either way: both settings give identical gradients
+    a = flashkv.attention_backward(dout, q, k, v, out, lse, deterministic=True)
+    b = flashkv.attention_backward(dout, q, k, v, out, lse)
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
 
 
 def test_varlen_errors(rng):
