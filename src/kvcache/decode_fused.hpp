@@ -31,6 +31,14 @@ void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* 
 void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O);
 
+/// The same kernels built with vcvtph2psx (decode_avx512_fp16.cpp; AVX512-FP16 at run time); fused_scores /
+/// fused_pv use them for RawCode::e4m3 / e5m2 when fp16_convert_supported().
+bool fp16_convert_supported();
+void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
+                          float* S, int lds);
+void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+                      const uint8_t* codes, int64_t rb, int n, float* O);
+
 /// n fp16 values (little-endian) -> float.
 void fp16_to_float_n(const uint8_t* src, int n, float* dst);
 

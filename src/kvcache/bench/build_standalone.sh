@@ -6,8 +6,8 @@ cd "$(dirname "$0")/../../.."
 out=${1:-build/bench-standalone}
 mkdir -p "$out/obj"
 srcs=(src/kvcache/format.cpp src/kvcache/codec.cpp src/kvcache/codec_int.cpp src/kvcache/paged_cache.cpp
-      src/kvcache/cache_attention.cpp src/kvcache/decode_tile.cpp src/kvcache/decode_avx512.cpp src/kvcache/memory.cpp
-      src/core/types.cpp src/core/error.cpp
+      src/kvcache/cache_attention.cpp src/kvcache/decode_tile.cpp src/kvcache/decode_avx512.cpp
+      src/kvcache/decode_avx512_fp16.cpp src/kvcache/memory.cpp src/core/types.cpp src/core/error.cpp
       src/core/version.cpp src/core/validate.cpp src/core/backend.cpp src/kvcache/bench/bench_kv_decode.cpp)
 flags=(-std=c++20 -O3 -DNDEBUG -fopenmp -fno-trapping-math -Iinclude -Isrc -DFLASHKV_VERSION_STRING=\"0.1.0\")
 pids=()

@@ -1,0 +1,67 @@
+// fp8 tiles of the fused decode kernels with vcvtph2psx (AVX512-FP16: one uop per 16 values, vcvtph2ps takes two), on
+// CPUs that have it (run-time check; Sapphire Rapids and later). The kernels are decode_avx512_kernels.hpp compiled a
+// second time for this target; decode_avx512.cpp's fused_scores / fused_pv call in here for RawCode::e4m3 / e5m2.
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "kvcache/decode_fused.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+
+namespace flashkv::kv {
+
+bool fp16_convert_supported() {
+  static const bool ok =
+      __builtin_cpu_supports("avx512fp16") && std::getenv("FLASHKV_NO_AVX512FP16") == nullptr;
+  return ok;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512fp16,f16c,fma")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace {
+#define FKV_CVTPH(h) _mm512_cvtxph_ps(_mm256_castsi256_ph(h))
+#include "kvcache/decode_avx512_kernels.hpp"
+}  // namespace
+
+void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
+                          float* S, int lds) {
+  if (d == 128) {
+    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
+  } else if (d == 64) {
+    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
+  } else {
+    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
+  }
+}
+
+void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+                      const uint8_t* codes, int64_t rb, int n, float* O) {
+  if (d == 128) {
+    pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  } else if (d == 64) {
+    pv_d<64>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  } else {
+    pv_d<256>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+}  // namespace flashkv::kv
+
+#else
+
+namespace flashkv::kv {
+bool fp16_convert_supported() { return false; }
+void fused_scores_fp16cvt(RawCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int) {}
+void fused_pv_fp16cvt(RawCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
+}  // namespace flashkv::kv
+
+#endif
