@@ -139,7 +139,13 @@ FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, 
         float* srow = sc + hh * kTile;
         for (int j = 0; j < cnt; ++j) srow[j] *= K.mul;
       }
-    } else if (K.factors == TileFactors::token_f32 || K.factors == TileFactors::token_int) {
+    } else if (K.factors == TileFactors::token_f32) {  // fp8 per-token scale: no zero point
+      const float* al = scr.ka.data() + j0;
+      for (int64_t hh = 0; hh < g; ++hh) {
+        float* srow = sc + hh * kTile;
+        for (int j = 0; j < cnt; ++j) srow[j] *= al[j];
+      }
+    } else if (K.factors == TileFactors::token_int) {
       const float* al = scr.ka.data() + j0;
       const float* be = scr.kb.data() + j0;
       for (int64_t hh = 0; hh < g; ++hh) {
@@ -232,17 +238,17 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
   }
 }
 
-/// Per-token factors of a packed tile (nt tokens) into alpha / beta, token-major [nt][ng].
-void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
+/// Per-token factors of a packed tile (nt tokens) into alpha / beta, token-major [nt][ng]. Inlined into the
+/// per-ISA clones of tile_update so the loops vectorize.
+FLASHKV_ALWAYS_INLINE void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
   if (H.code == RawCode::none) return;
   if (H.factors == TileFactors::uniform) {
     for (int64_t t = 0; t < nt; ++t) alpha[t] = H.mul;
   } else if (H.factors == TileFactors::token_f32) {
     for (int64_t t = 0; t < nt; ++t) {
-      float s;
-      std::memcpy(&s, H.meta + 4 * t, 4);
-      alpha[t] = s * H.mul;
-      beta[t] = 0.0f;
+      float sc;
+      std::memcpy(&sc, H.meta + 4 * t, 4);
+      alpha[t] = sc * H.mul;
     }
   } else if (H.factors == TileFactors::token_int) {
     token_meta(H.meta, static_cast<int>(nt), H.ng, alpha, beta);  // token-major [t][group]
