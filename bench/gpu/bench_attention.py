@@ -15,7 +15,6 @@ Sections (FA3-paper conventions, docs/engineering.md):
 Timing: triton.testing.do_bench (CUDA events, L2 flushed between calls, median). Results: JSON + markdown in --out.
 """
 import argparse
-import ctypes
 import datetime
 import json
 import math
@@ -28,9 +27,7 @@ import triton.testing as tt
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashkv
-from flashkv import _attention as FA
 from flashkv import _library as L
-from flashkv._tensor import to_tensor
 
 DT = torch.bfloat16
 
@@ -52,35 +49,14 @@ def fk_forward(q, k, v, causal, algorithm="tiled"):
 
 
 def fk_backward(dout, q, k, v, out, lse, causal, deterministic):
-    """flashkv_attention_backward through the C ABI with an explicit deterministic flag."""
-    o = FA._options(causal, (-1, -1), 0.0, None, "tiled", 0, deterministic)
-    tq, tk, tv = to_tensor(q, "q"), to_tensor(k, "k"), to_tensor(v, "v")
-    to, tl, tdo = to_tensor(out, "out"), to_tensor(lse, "lse"), to_tensor(dout, "dout")
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tdq, tdk, tdv = to_tensor(dq, "dq"), to_tensor(dk, "dk"), to_tensor(dv, "dv")
-    o.stream = torch.cuda.current_stream().cuda_stream
-    L.check(L.lib().flashkv_attention_backward(tq.ptr, tk.ptr, tv.ptr, to.ptr, tl.ptr, tdo.ptr, tdq.ptr, tdk.ptr,
-                                               tdv.ptr, ctypes.byref(o)))
-    return dq, dk, dv
-
-
-class DecodeOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("has_softmax_scale", ctypes.c_int32),
-                ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("softcap", ctypes.c_float),
-                ("num_splits", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int64), ("stream", ctypes.c_void_p)]
+    """flashkv.attention_backward with an explicit deterministic flag (default False, as FlashAttention)."""
+    return flashkv.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
 
 
 def fk_decode(q, k_cache, v_cache, page_table, seqlens, out, num_splits=0, max_seqlen_k=0):
-    lib = L.lib()
-    o = DecodeOptions()
-    lib.flashkv_decode_options_default(ctypes.byref(o))
-    o.num_splits, o.max_seqlen_k = num_splits, max_seqlen_k
-    o.stream = torch.cuda.current_stream().cuda_stream
-    t = [to_tensor(x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"),
-                                      (page_table, "page_table"), (seqlens, "cache_seqlens"), (out, "out"))]
-    L.check(lib.flashkv_cuda_decode(t[0].ptr, t[1].ptr, t[2].ptr, t[3].ptr, t[4].ptr, None, None, t[5].ptr, None,
-                                    ctypes.byref(o)))
-    return out
+    """flashkv.paged_decode (the public Python API over flashkv_cuda_decode), writing into `out`."""
+    return flashkv.paged_decode(q, k_cache, v_cache, page_table, seqlens, num_splits=num_splits,
+                                max_seqlen_k=max_seqlen_k, out=out)
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------

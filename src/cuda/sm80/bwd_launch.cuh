@@ -17,8 +17,8 @@ struct BwdTiles;  // kBlockM, kBlockN, warps, then the warp grids (phase 1 key-r
 template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 128, 128, 8, 4, 4, 4>; };
 template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
 template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
-template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4, 2>; };
-template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 4, 2, 2, 2>; };
+template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4>; };
+template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>; };
 
 namespace sm80 {
 

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_kernel(const FwdParams p) {
     const int r0 = n * kBlockN;
     kv_copy.copy(dst, base + r0 * row_stride, row_stride, si.seqlen_k - r0);
   };
-  load_tile_async<TileQ, kThreads>(sQ, [&](int r) { return qg + r * p.q_s.row; }, rows_q, p.head_dim, qg);
+  TileCopy<TileQ, kThreads>(p.head_dim).copy(sQ, qg, p.q_s.row, rows_q);
   if (n_max > n_min) load_kv(sK, kg, p.k_s.row, n_max - 1);
   cp_async_commit();
 

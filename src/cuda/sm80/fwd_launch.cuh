@@ -20,7 +20,10 @@ template <> struct FwdTiles<64> { using Cfg = sm80::FwdConfig<64, 128, 128, 4>; 
 template <> struct FwdTiles<96> { using Cfg = sm80::FwdConfig<96, 128, 64, 4>; using CfgCausal = Cfg; };
 template <> struct FwdTiles<128> { using Cfg = sm80::FwdConfig<128, 128, 64, 4>; using CfgCausal = Cfg; };
 template <> struct FwdTiles<192> { using Cfg = sm80::FwdConfig<192, 128, 64, 8>; using CfgCausal = Cfg; };
-template <> struct FwdTiles<256> { using Cfg = sm80::FwdConfig<256, 128, 128, 8>; using CfgCausal = Cfg; };
+template <> struct FwdTiles<256> {
+  using Cfg = sm80::FwdConfig<256, 128, 128, 8>;
+  using CfgCausal = sm80::FwdConfig<256, 64, 64, 4>;
+};
 
 /// Launches the forward kernel of configuration Cfg (a FwdConfig) for dtype T.
 template <class Cfg, class T>

@@ -97,22 +97,27 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_p
 /// one pointer increment per 16-byte chunk, instead of recomputing the full address (and a bounds test) per chunk.
 template <class Tile, int kThreads>
 struct TileCopy {
-  /// The per-thread fast path needs whole rows per pass and a row step that keeps the swizzle phase (row & 7); other
-  /// shapes (head dims 96/192 with these thread counts) use load_tile_async.
+  /// The per-thread fast path needs whole rows per pass and a row step that keeps the swizzle phase (row & 7) to at
+  /// most two values (step a multiple of 4: two precomputed destination offsets); other shapes (head dims 96/192
+  /// with these thread counts) use load_tile_async.
   static constexpr bool kFast = kThreads % Tile::kChunks == 0 && (Tile::kRows * Tile::kChunks) % kThreads == 0 &&
-                                (kThreads / Tile::kChunks) % 8 == 0;
+                                (kThreads / Tile::kChunks) % 4 == 0;
   static constexpr int kRowStep = kFast ? kThreads / Tile::kChunks : 1;
   static constexpr int kIters = kFast ? Tile::kRows * Tile::kChunks / kThreads : 1;
-  int row0;          ///< first row of this thread
-  uint32_t dst_off;  ///< byte offset of (row0, chunk) inside the tile
-  int col_bytes;     ///< byte offset of this thread's chunk within a row
-  bool col_ok;       ///< chunk < num_cols (else zero-filled: head_dim padding)
+  static constexpr int kPhases = kRowStep % 8 == 0 ? 1 : 2;  ///< distinct (row & 7) of this thread's rows
+  int row0;                   ///< first row of this thread
+  uint32_t dst_off[kPhases];  ///< byte offset of (row0 + p * kRowStep, chunk) inside the tile, minus its row part
+  int col_bytes;              ///< byte offset of this thread's chunk within a row
+  bool col_ok;                ///< chunk < num_cols (else zero-filled: head_dim padding)
   int num_cols;
 
   __device__ __forceinline__ explicit TileCopy(int num_cols_) : num_cols(num_cols_) {
     const int c = static_cast<int>(threadIdx.x) % Tile::kChunks;
     row0 = static_cast<int>(threadIdx.x) / Tile::kChunks;
-    dst_off = Tile::offset(row0, c);
+#pragma unroll
+    for (int ph = 0; ph < kPhases; ++ph)
+      dst_off[ph] = Tile::offset(row0 + ph * kRowStep, c) -
+                    static_cast<uint32_t>(ph * kRowStep * Tile::kPitchChunks * 16);
     col_bytes = c * 16;
     col_ok = c * 8 < num_cols;
   }
@@ -131,7 +136,8 @@ struct TileCopy {
       const int64_t step = static_cast<int64_t>(kRowStep) * row_stride * static_cast<int64_t>(sizeof(T));
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
-        const uint32_t dst = smem_base + dst_off + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16);
+        const uint32_t dst =
+            smem_base + dst_off[it % kPhases] + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16);
         if constexpr (kFull) {
           cp_async_16(dst, src);
         } else {
