@@ -10,7 +10,4 @@ using namespace flashkv::cuda::sm80;
 #define CAT(a, b) CAT2(a, b)
 #define W(NAME, ...) static tune::Register CAT(reg_, __LINE__)(NAME, 256, &run_bwd_cfg<__VA_ARGS__, __nv_bfloat16>);
 W("64x64 w8 2/2/2", BwdConfig<256, 64, 64, 8, 2, 2, 2>)
-W("64x64 w8 4/2/2", BwdConfig<256, 64, 64, 8, 4, 2, 2>)
-W("64x64 w8 4/2/4", BwdConfig<256, 64, 64, 8, 4, 2, 4>)
-W("64x64 w8 2/2/2 dq2", BwdConfig<256, 64, 64, 8, 2, 2, 2, 2>)
 W("64x64 w8 4/2/2 dq2", BwdConfig<256, 64, 64, 8, 4, 2, 2, 2>)

@@ -9,8 +9,6 @@ using namespace flashkv::cuda::sm80;
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
 #define W(NAME, ...) static tune::Register CAT(reg_, __LINE__)(NAME, 64, &run_bwd_cfg<__VA_ARGS__, __nv_bfloat16>);
-W("64x128 w8 4/4/2", BwdConfig<64, 64, 128, 8, 4, 4, 2>)
 W("128x128 w8 4/4/4", BwdConfig<64, 128, 128, 8, 4, 4, 4>)
-W("64x128 w8 4/4/4", BwdConfig<64, 64, 128, 8, 4, 4, 4>)
-W("128x128 w8 4/4/4 dq2", BwdConfig<64, 128, 128, 8, 4, 4, 4, 2>)
+W("64x128 w8 4/4/2", BwdConfig<64, 64, 128, 8, 4, 4, 2>)
 W("64x64 w4 2/2/2", BwdConfig<64, 64, 64, 4, 2, 2, 2>)
