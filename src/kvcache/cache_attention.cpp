@@ -3,11 +3,12 @@
 // Work decomposition (flash-decoding; Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference", 2023):
 // one task per (sequence, kv-head, split of the visible key range). A task holds the g = num_heads / num_heads_kv
 // query heads × n_q query tokens that share the kv-head (GQA packing), walks its key range in tiles (a page of the
-// quantized stream, or a run of sink / residual slots), decodes each K and V tile once into a small float buffer in
-// the codec's factored form (KVCodec::decode_factored: raw codes plus per-token scale / min, or KIVI's per-channel
-// scale / min, applied once per key on the score or on p instead of once per element) and updates an online softmax
-// (running max m, sum l, unnormalized accumulator; FlashAttention,
-// Dao et al. 2022, Alg. 1). Splits are merged with their log-sum-exp: M = max m_s, L = Σ l_s·e^{m_s−M},
+// quantized stream, or a run of sink / residual slots) and updates an online softmax (running max m, sum l,
+// unnormalized accumulator; FlashAttention, Dao et al. 2022, Alg. 1) with each tile (kv::tile_update,
+// decode_tile.cpp). A tile's K and V are read in place from the packed page by the fused AVX-512 kernels where the
+// format allows (plan_half below; the bf16 window likewise), else decoded once by the codec into a small factored
+// float tile (KVCodec::decode_factored); either way the format's scale / min is applied once per key, on the score or
+// on p, not once per element. Splits are merged with their log-sum-exp: M = max m_s, L = Σ l_s·e^{m_s−M},
 // out = Σ acc_s·e^{m_s−M} / L, lse = M + log L. The whole cache is never dequantized at once.
 #include <algorithm>
 #include <cmath>
