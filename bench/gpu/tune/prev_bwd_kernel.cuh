@@ -1,3 +1,6 @@
+// Verbatim copy of src/cuda/sm80/bwd_kernel.cuh at commit edcd204 (the first release), namespace renamed to sm80_prev:
+// the "own previous version" anchor of the tuning runs. Regenerate with
+//   git show edcd204:src/cuda/sm80/bwd_kernel.cuh | sed 's/namespace flashkv::cuda::sm80 {/namespace flashkv::cuda::sm80_prev {\nusing namespace flashkv::cuda::sm80;/; s#}  // namespace flashkv::cuda::sm80#}  // namespace flashkv::cuda::sm80_prev#'
 // FlashAttention-2 backward main kernel for sm_80+ (Dao, "FlashAttention-2", 2023, §3.1.2 Alg. 2 and §3.2).
 //
 // One CTA owns kBlockN keys of one (batch, query head) and walks the query blocks that can see them, recomputing

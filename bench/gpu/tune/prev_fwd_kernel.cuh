@@ -1,3 +1,6 @@
+// Verbatim copy of src/cuda/sm80/fwd_kernel.cuh at commit edcd204 (the first release), namespace renamed to sm80_prev:
+// the "own previous version" anchor of the tuning runs. Regenerate with
+//   git show edcd204:src/cuda/sm80/fwd_kernel.cuh | sed 's/namespace flashkv::cuda::sm80 {/namespace flashkv::cuda::sm80_prev {\nusing namespace flashkv::cuda::sm80;/; s#}  // namespace flashkv::cuda::sm80#}  // namespace flashkv::cuda::sm80_prev#'
 // FlashAttention-2 forward kernel for sm_80+ (mma.sync m16n8k16, ldmatrix, cp.async).
 //
 // Source: Dao, "FlashAttention-2", 2023, §3.1 (online softmax with an unnormalized accumulator and one final division,
