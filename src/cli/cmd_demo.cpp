@@ -60,7 +60,10 @@ void run(const DemoArgs& a) {
   std::fputs(eval::format_table(r.rows, true).c_str(), stdout);
   std::printf("\nbytes/token: all layers, K and V, codes + metadata + bf16 residual/sink buffers + page slack, at %d "
               "cached tokens; mean KL(fp32 cache || format) in nats/token; greedy div = first generated token that "
-              "differs from the fp32 cache's text.\n\n", c.seq_len);
+              "differs from the fp32 cache's text. decode tok/s: best of 3 runs of the whole model per token; at "
+              "head_dim %d and %d tokens per-token overhead, not the KV bytes read, sets it (formats compared at "
+              "head_dim 128, 4k-32k tokens: bench/results/cpu-decode-*-v2.md).\n\n",
+              c.seq_len, c.head_dim, c.seq_len);
   for (const auto& row : r.rows) {
     std::printf("--- %s%s\n%s%s\n\n", row.label.c_str(),
                 row.greedy_divergence < 0 ? " (identical to fp32)" : (" (diverges at step " + std::to_string(row.greedy_divergence) + ")").c_str(),

@@ -186,14 +186,14 @@ void decode_bf16_row(const uint8_t* __restrict src, int64_t n, float* __restrict
 /// / 2^-16 (E5M2). Codes are never NaN (encoding saturates). x̂ = fp8 · scale, scale static or per token (dynamic,
 /// float32 in the metadata).
 template <bool kE4M3, int kD>
-FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int32_t d_rt, float scale,
+FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int64_t d_rt, float scale,
                                           float* __restrict o) {
-  const int32_t d = kD > 0 ? kD : d_rt;
+  const int64_t d = kD > 0 ? kD : d_rt;
   constexpr uint32_t kShift = kE4M3 ? 20 : 21;
   constexpr uint32_t kRebias = (kE4M3 ? 120u : 112u) << 23;
   constexpr uint32_t kMinNormal = kE4M3 ? 8 : 4;  // smallest magnitude code with exponent 1
   constexpr float kSubUnit = kE4M3 ? 0.001953125f : 1.52587890625e-05f;
-  for (int32_t c = 0; c < d; ++c) {
+  for (int64_t c = 0; c < d; ++c) {
     const uint32_t b = src[c];
     const uint32_t mag = b & 0x7Fu;
     const uint32_t normal = (mag << kShift) + kRebias;
@@ -206,6 +206,16 @@ FLASHKV_ALWAYS_INLINE void decode_fp8_row(const uint8_t* __restrict src, int32_t
 FLASHKV_CPU_CLONES
 void decode_fp8_tile(const uint8_t* __restrict codes, const uint8_t* __restrict meta, int32_t slot, int32_t n,
                      int32_t d, bool e4m3, bool dynamic, float static_scale, float* __restrict out) {
+  if (!dynamic) {  // one scale for the tile: its n·d contiguous codes decode as one row (any head_dim vectorizes)
+    const uint8_t* src = codes + static_cast<int64_t>(slot) * d;
+    const int64_t total = static_cast<int64_t>(n) * d;
+    if (e4m3) {
+      decode_fp8_row<true, 0>(src, total, static_scale, out);
+    } else {
+      decode_fp8_row<false, 0>(src, total, static_scale, out);
+    }
+    return;
+  }
   for (int32_t t = 0; t < n; ++t) {
     const uint8_t* src = codes + static_cast<int64_t>(slot + t) * d;
     float scale = static_scale;
@@ -234,12 +244,34 @@ void decode_fp8_tile(const uint8_t* __restrict codes, const uint8_t* __restrict 
 /// AVX-512 fp8 tile decode through the fp16 converter: an E4M3 byte S.EEEE.MMM placed as fp16 bits S.0EEEE.MMM0000000
 /// is exactly its value · 2^-8 (normals and subnormals alike; vcvtph2ps converts fp16 subnormals exactly and without
 /// assists), an E5M2 byte shifted left by 8 is exactly its fp16 value. The 2^8 is folded into the scale, so
-/// (v·2^-8)·(scale·2^8) rounds once, like v·scale: results are bit-identical to decode_fp8_row. d % 32 == 0.
+/// (v·2^-8)·(scale·2^8) rounds once, like v·scale: results are bit-identical to decode_fp8_row. Dynamic (per-token)
+/// scales need d % 32 == 0; a static scale decodes the tile's n·d contiguous codes as one run (any d, scalar tail).
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) void decode_fp8_tile_avx512(
     const uint8_t* __restrict codes, const uint8_t* __restrict meta, int32_t slot, int32_t n, int32_t d, bool e4m3,
     bool dynamic, float static_scale, float* __restrict out) {
   const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0xBFFF));
   const float mul = e4m3 ? 256.0f : 1.0f;
+  if (!dynamic) {
+    const uint8_t* src = codes + static_cast<int64_t>(slot) * d;
+    const int64_t total = static_cast<int64_t>(n) * d;
+    const __m512 vs = _mm512_set1_ps(static_scale * mul);
+    int64_t c = 0;
+    for (; c + 32 <= total; c += 32) {
+      __m512i w = _mm512_slli_epi16(
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c))), 8);
+      if (e4m3) w = _mm512_and_si512(_mm512_srai_epi16(w, 1), keep);
+      _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(w)), vs));
+      _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1)), vs));
+    }
+    if (c < total) {
+      if (e4m3) {
+        decode_fp8_row<true, 0>(src + c, total - c, static_scale, out + c);
+      } else {
+        decode_fp8_row<false, 0>(src + c, total - c, static_scale, out + c);
+      }
+    }
+    return;
+  }
   for (int32_t t = 0; t < n; ++t) {
     const uint8_t* src = codes + static_cast<int64_t>(slot + t) * d;
     float scale = static_scale;
@@ -336,7 +368,7 @@ class Fp8Codec final : public KVCodec {
     const float scale = scales_[static_cast<size_t>(head)];
 #ifdef FLASHKV_FP8_AVX512
     // 256·scale must stay finite for the fp16 route (dynamic scales are ≤ FLT_MAX/448, so 256·scale is finite).
-    if (fp8_avx512_supported() && head_dim_ % 32 == 0 && std::isfinite(scale * 256.0f)) {
+    if (fp8_avx512_supported() && (head_dim_ % 32 == 0 || !spec_.dynamic_scale) && std::isfinite(scale * 256.0f)) {
       decode_fp8_tile_avx512(codes, meta, slot, n, head_dim_, e4m3_, spec_.dynamic_scale, scale, out);
       return;
     }
@@ -349,7 +381,7 @@ class Fp8Codec final : public KVCodec {
     const float scale = scales_[static_cast<size_t>(head)];
     float mul = 1.0f;
 #ifdef FLASHKV_FP8_AVX512
-    if (fp8_avx512_supported() && head_dim_ % 32 == 0 && std::isfinite(scale * 256.0f)) {
+    if (fp8_avx512_supported() && std::isfinite(scale * 256.0f)) {  // static 1.0 here: any head_dim
       mul = e4m3_ ? 256.0f : 1.0f;
       decode_fp8_tile_avx512(codes, meta, slot, n, head_dim_, e4m3_, false, 1.0f / mul, t.raw);
     } else {

@@ -264,6 +264,35 @@ TEST(KVCodec, Fp8StaticPerHeadScale) {
   EXPECT_EQ(y[0], 448.0f * 0.5f);
 }
 
+TEST(KVCodecFp8, StaticScaleTileDecodeAnyHeadDim) {
+  // a static scale decodes a tile's n·d codes as one run (vector body + scalar tail for any head_dim): every element
+  // must equal fp8_to_float(code) · scale exactly, for head dims that are not multiples of 32 and partial tiles.
+  auto g = kvtest::rng(31);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const char* f : {"fp8_e4m3", "fp8_e5m2"}) {
+    const bool e4m3 = std::string(f) == "fp8_e4m3";
+    for (int32_t d : {16, 40, 64, 128}) {
+      const float scale = 0.37f;
+      auto codec = make_codec(parse_kv_format(f), true, d, 16, 1, {scale});
+      PageHead ph(*codec, 16);
+      std::vector<float> x(static_cast<size_t>(16 * d));
+      for (float& v : x) v = nd(g);
+      codec->encode(0, x.data(), 16, ph.codes.data(), ph.meta.data(), 0);
+      for (int32_t slot : {0, 3}) {
+        for (int32_t n : {1, 5, 16 - slot}) {
+          std::vector<float> y(static_cast<size_t>(n * d), -1.0f);
+          codec->decode(0, ph.codes.data(), ph.meta.data(), slot, n, y.data());
+          for (int32_t i = 0; i < n * d; ++i) {
+            const float want = fp8_to_float(ph.codes[static_cast<size_t>(slot * d + i)], e4m3) * scale;
+            ASSERT_EQ(y[static_cast<size_t>(i)], want)
+                << f << " d " << d << " slot " << slot << " n " << n << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KVCodecFp8, TileDecodeExactOnEveryCode) {
   // every finite fp8 value (subnormals included) survives encode + the branch-free tile decode exactly (scale 1)
   for (const char* f : {"fp8_e4m3", "fp8_e5m2"}) {

@@ -235,7 +235,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
             pv[e] = pe;
             dsv[e] = de;
           }
-          const uint32_t off = st_base + st_tab[nt] + static_cast<uint32_t>((a * 16 + 8 * hh) * TileP::kPitchChunks * 16);
+          const uint32_t off =
+              st_base + st_tab[nt] + static_cast<uint32_t>((a * 16 + 8 * hh) * TileP::kPitchChunks * 16);
           *reinterpret_cast<uint32_t*>(smem + (sP - sQ) + off) = pack2<T>(pv[0], pv[1]);
           *reinterpret_cast<uint32_t*>(smem + (sdS - sQ) + off) = pack2<T>(dsv[0], dsv[1]);
         }
