@@ -51,4 +51,13 @@ class DeviceBuffer {
 /// Number of SMs of the current device (cached per device).
 int num_sms();
 
+/// Largest dynamic shared memory one block may opt in to on the current device, in bytes (cached per device):
+/// 232448 on H100/H200, 166912 on A100, 101376 on sm_86/sm_89 (RTX 30xx/40xx, A10, L4, L40). The environment
+/// variable FLASHKV_CUDA_SMEM_LIMIT (bytes) lowers it (tests of the small-GPU tile configurations on a large GPU).
+int max_smem_per_block();
+
+/// Throws UnsupportedError when a kernel needs more dynamic shared memory (bytes) than the current device allows —
+/// naming the kernel, both sizes and the device — instead of a launch failure.
+void require_smem(int bytes, const char* kernel, int head_dim);
+
 }  // namespace flashkv::cuda

@@ -1,5 +1,7 @@
 // Layout helper kernels (see util.hpp).
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/util.hpp"
@@ -84,6 +86,38 @@ int num_sms() {
   check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SMs)");
   if (dev < 64) cached[dev] = n;
   return n;
+}
+
+int max_smem_per_block() {
+  static int cached[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  int n = dev < 64 ? cached[dev] : 0;
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute(shared memory per block, opt-in)");
+    if (dev < 64) cached[dev] = n;
+  }
+  // FLASHKV_CUDA_SMEM_LIMIT (bytes) lowers the figure, so that a large GPU runs (and tests) the tile configurations
+  // chosen for smaller ones; read on every call so that a test can set and unset it.
+  if (const char* env = std::getenv("FLASHKV_CUDA_SMEM_LIMIT")) {
+    const long limit = std::strtol(env, nullptr, 10);
+    if (limit > 0 && limit < n) n = static_cast<int>(limit);
+  }
+  return n;
+}
+
+void require_smem(int bytes, const char* kernel, int head_dim) {
+  const int have = max_smem_per_block();
+  if (bytes <= have) return;
+  int dev = 0, major = 0, minor = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(cc)");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(cc)");
+  throw UnsupportedError("flashkv: the CUDA " + std::string(kernel) + " kernel for head_dim " +
+                         std::to_string(head_dim) + " needs " + std::to_string(bytes) +
+                         " bytes of shared memory per block; this GPU (sm_" + std::to_string(major) +
+                         std::to_string(minor) + ") allows " + std::to_string(have));
 }
 
 }  // namespace flashkv::cuda

@@ -426,6 +426,35 @@ TEST(CudaBackward, VarlenAndStrided) {
   check_backward(s);
 }
 
+TEST(CudaSmallGpu, TileConfigurationsForLessSharedMemory) {
+  // FLASHKV_CUDA_SMEM_LIMIT = 99 KiB (sm_86/sm_89) makes a large GPU take the small-shared-memory tiles: the
+  // head_dim 64 backward (first-release tiles) and the head_dim 256 non-causal forward (64x64), both vs the reference;
+  // a kernel that cannot fit raises UnsupportedError naming the sizes instead of failing to launch.
+  struct EnvGuard {
+    EnvGuard() { setenv("FLASHKV_CUDA_SMEM_LIMIT", "101376", 1); }
+    ~EnvGuard() { unsetenv("FLASHKV_CUDA_SMEM_LIMIT"); }
+  } guard;
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    Case c;
+    c.dtype = t, c.head_dim = 64, c.seqlen_q = 203, c.seqlen_k = 229, c.heads = 4, c.heads_kv = 2;
+    check_forward(c);
+    check_backward(c);
+    c.causal = true;
+    check_backward(c);
+    if (compiled(256, t)) {
+      Case w;
+      w.dtype = t, w.head_dim = 256, w.seqlen_q = 203, w.seqlen_k = 229, w.heads = 2, w.heads_kv = 2;
+      check_forward(w);
+      try {
+        check_backward(w);  // the head_dim 256 backward needs ~209 KB
+        ADD_FAILURE() << "expected UnsupportedError for the head_dim 256 backward under a 99 KiB limit";
+      } catch (const UnsupportedError& e) {
+        EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(CudaBackward, DeterministicIsBitIdentical) {
   for (bool causal : {false, true}) {
     Case c;

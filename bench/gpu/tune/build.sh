@@ -8,11 +8,11 @@ out="$1"; shift || true
 mkdir -p "$out"
 flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$root/src" -I"$root/include" "$@")
 pids=()
-for f in "$here"/tune_*.cu; do
+for f in "$here"/tune_*.cu "$root/src/cuda/util_kernels.cu"; do
   nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f" .cu).o" &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 g++ -std=c++20 -O2 -I"$root/include" -c "$root/src/core/error.cpp" -o "$out/error.o"
-nvcc "${flags[@]}" "$out"/tune_*.o "$out/error.o" -o "$out/tune_kernels"
+nvcc "${flags[@]}" "$out"/tune_*.o "$out/util_kernels.o" "$out/error.o" -o "$out/tune_kernels"
 echo "built $out/tune_kernels"

@@ -5,7 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "cuda/check.hpp"
+#include "cuda/util.hpp"
 #include "cuda/sm80/bwd_kernel.cuh"
 
 namespace flashkv::cuda {
@@ -14,11 +17,28 @@ template <int kHeadDim>
 struct BwdTiles;  // kBlockM, kBlockN, warps, then the warp grids (phase 1 key-row warps, phase 2 key-row warps,
                   // phase 3 query-row warps) and the dQ column passes; see BwdConfig. Chosen from the sweep in
                   // bench/gpu/tune (H200, bench/results/h200-tune-*.md).
-template <> struct BwdTiles<64> { using Cfg = sm80::BwdConfig<64, 128, 128, 8, 4, 4, 4>; };
-template <> struct BwdTiles<96> { using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>; };
-template <> struct BwdTiles<128> { using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>; };
-template <> struct BwdTiles<192> { using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4>; };
-template <> struct BwdTiles<256> { using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>; };
+// CfgSmall: used when the device cannot give a block Cfg's shared memory (hd64: 162 KiB -> 97 KiB, the first
+// release's tiles, so sm_86/sm_89 keep working; the other head dims need >= 160 KiB either way: A100-class or Hopper).
+template <> struct BwdTiles<64> {
+  using Cfg = sm80::BwdConfig<64, 128, 128, 8, 4, 4, 4>;
+  using CfgSmall = sm80::BwdConfig<64, 64, 128, 8, 4, 4, 2>;
+};
+template <> struct BwdTiles<96> {
+  using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>;
+  using CfgSmall = Cfg;
+};
+template <> struct BwdTiles<128> {
+  using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>;
+  using CfgSmall = Cfg;
+};
+template <> struct BwdTiles<192> {
+  using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4>;
+  using CfgSmall = Cfg;
+};
+template <> struct BwdTiles<256> {
+  using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>;
+  using CfgSmall = Cfg;
+};
 
 namespace sm80 {
 
@@ -105,6 +125,7 @@ __global__ void bwd_reduce_kv_kernel(const BwdParams p) {
 /// Preprocess, main kernel of configuration Cfg (a BwdConfig), dq conversion and (GQA) dk/dv reduction.
 template <class Cfg, class T>
 void run_bwd_cfg(const BwdParams& p, cudaStream_t stream) {
+  require_smem(Cfg::kSmemBytes, "backward", Cfg::kHeadDim);  // before anything is launched
   if (p.total_q > 0) {
     const int64_t threads = p.total_q * p.num_heads * 32;
     sm80::bwd_preprocess_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
@@ -139,7 +160,11 @@ void run_bwd_cfg(const BwdParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, class T>
 void run_bwd(const BwdParams& p, cudaStream_t stream) {
-  run_bwd_cfg<typename BwdTiles<kHeadDim>::Cfg, T>(p, stream);
+  using Tiles = BwdTiles<kHeadDim>;
+  if constexpr (!std::is_same_v<typename Tiles::Cfg, typename Tiles::CfgSmall>) {
+    if (max_smem_per_block() < Tiles::Cfg::kSmemBytes) return run_bwd_cfg<typename Tiles::CfgSmall, T>(p, stream);
+  }
+  run_bwd_cfg<typename Tiles::Cfg, T>(p, stream);
 }
 
 }  // namespace flashkv::cuda
