@@ -52,13 +52,7 @@ void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* 
     fused_scores_fp16cvt(code, q, rows, d, codes, rb, n, S, lds);
     return;
   }
-  if (d == 128) {
-    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
-  } else if (d == 64) {
-    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
-  } else {
-    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
-  }
+  scores_any(code, q, rows, d, codes, rb, n, S, lds);
 }
 
 void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
@@ -68,13 +62,7 @@ void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, 
     fused_pv_fp16cvt(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
     return;
   }
-  if (d == 128) {
-    pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  } else if (d == 64) {
-    pv_d<64>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  } else {
-    pv_d<256>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  }
+  pv_any(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
 }
 
 namespace {

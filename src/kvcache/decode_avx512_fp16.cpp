@@ -31,24 +31,12 @@ namespace {
 
 void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
                           float* S, int lds) {
-  if (d == 128) {
-    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
-  } else if (d == 64) {
-    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
-  } else {
-    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
-  }
+  scores_any(code, q, rows, d, codes, rb, n, S, lds);
 }
 
 void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
                       const uint8_t* codes, int64_t rb, int n, float* O) {
-  if (d == 128) {
-    pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  } else if (d == 64) {
-    pv_d<64>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  } else {
-    pv_d<256>(code, w, ldw, ng, group, rows, codes, rb, n, O);
-  }
+  pv_any(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
 }
 
 #pragma GCC diagnostic pop

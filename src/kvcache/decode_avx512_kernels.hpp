@@ -217,4 +217,26 @@ void pv_d(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int 
   }
 }
 
+/// The compiled head dims (fused_supported: 64, 128, 256) dispatched at run time.
+FKV_AI void scores_any(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                       int lds) {
+  if (d == 128) {
+    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
+  } else if (d == 64) {
+    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
+  } else {
+    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
+  }
+}
+FKV_AI void pv_any(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+                   const uint8_t* codes, int64_t rb, int n, float* O) {
+  if (d == 128) {
+    pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  } else if (d == 64) {
+    pv_d<64>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  } else {
+    pv_d<256>(code, w, ldw, ng, group, rows, codes, rb, n, O);
+  }
+}
+
 // NOLINTEND

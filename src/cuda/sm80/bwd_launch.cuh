@@ -19,26 +19,19 @@ struct BwdTiles;  // kBlockM, kBlockN, warps, then the warp grids (phase 1 key-r
                   // bench/gpu/tune (H200, bench/results/h200-tune-*.md).
 // CfgSmall: used when the device cannot give a block Cfg's shared memory (hd64: 162 KiB -> 97 KiB, the first
 // release's tiles, so sm_86/sm_89 keep working; the other head dims need >= 160 KiB either way: A100-class or Hopper).
+template <class C>
+struct OneBwdTile {
+  using Cfg = C;
+  using CfgSmall = C;
+};
 template <> struct BwdTiles<64> {
   using Cfg = sm80::BwdConfig<64, 128, 128, 8, 4, 4, 4>;
   using CfgSmall = sm80::BwdConfig<64, 64, 128, 8, 4, 4, 2>;
 };
-template <> struct BwdTiles<96> {
-  using Cfg = sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>;
-  using CfgSmall = Cfg;
-};
-template <> struct BwdTiles<128> {
-  using Cfg = sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>;
-  using CfgSmall = Cfg;
-};
-template <> struct BwdTiles<192> {
-  using Cfg = sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4>;
-  using CfgSmall = Cfg;
-};
-template <> struct BwdTiles<256> {
-  using Cfg = sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>;
-  using CfgSmall = Cfg;
-};
+template <> struct BwdTiles<96> : OneBwdTile<sm80::BwdConfig<96, 64, 128, 8, 4, 4, 4>> {};
+template <> struct BwdTiles<128> : OneBwdTile<sm80::BwdConfig<128, 64, 128, 8, 4, 4, 2>> {};
+template <> struct BwdTiles<192> : OneBwdTile<sm80::BwdConfig<192, 64, 64, 8, 2, 2, 4>> {};
+template <> struct BwdTiles<256> : OneBwdTile<sm80::BwdConfig<256, 64, 64, 8, 2, 2, 2>> {};
 
 namespace sm80 {
 

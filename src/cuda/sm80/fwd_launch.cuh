@@ -18,26 +18,17 @@ namespace flashkv::cuda {
 /// memory (e.g. A100: 163 KiB, sm_86/sm_89: 99 KiB, against 227 KiB on Hopper).
 template <int kHeadDim>
 struct FwdTiles;
-template <> struct FwdTiles<64> {
-  using Cfg = sm80::FwdConfig<64, 128, 128, 4>;
-  using CfgCausal = Cfg;
-  using CfgSmall = Cfg;
+/// One configuration for every case.
+template <class C>
+struct OneFwdTile {
+  using Cfg = C;
+  using CfgCausal = C;
+  using CfgSmall = C;
 };
-template <> struct FwdTiles<96> {
-  using Cfg = sm80::FwdConfig<96, 128, 64, 4>;
-  using CfgCausal = Cfg;
-  using CfgSmall = Cfg;
-};
-template <> struct FwdTiles<128> {
-  using Cfg = sm80::FwdConfig<128, 128, 64, 4>;
-  using CfgCausal = Cfg;
-  using CfgSmall = Cfg;
-};
-template <> struct FwdTiles<192> {
-  using Cfg = sm80::FwdConfig<192, 128, 64, 8>;
-  using CfgCausal = Cfg;
-  using CfgSmall = Cfg;
-};
+template <> struct FwdTiles<64> : OneFwdTile<sm80::FwdConfig<64, 128, 128, 4>> {};
+template <> struct FwdTiles<96> : OneFwdTile<sm80::FwdConfig<96, 128, 64, 4>> {};
+template <> struct FwdTiles<128> : OneFwdTile<sm80::FwdConfig<128, 128, 64, 4>> {};
+template <> struct FwdTiles<192> : OneFwdTile<sm80::FwdConfig<192, 128, 64, 8>> {};
 template <> struct FwdTiles<256> {
   using Cfg = sm80::FwdConfig<256, 128, 128, 8>;      // 192 KiB
   using CfgCausal = sm80::FwdConfig<256, 64, 64, 4>;  // 96 KiB
