@@ -60,6 +60,24 @@ def fk_decode(q, k_cache, v_cache, page_table, seqlens, out, num_splits=0, max_s
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
+class Sm80Only:
+    """FLASHKV_CUDA_SM80_ONLY=1 inside the block: flashkv runs its sm80 (mma.sync, FA2-class) kernels even on Hopper,
+    where it otherwise takes the sm90 (wgmma) kernels for head dims 64/128/256. Read by the library on every call."""
+
+    def __enter__(self):
+        os.environ["FLASHKV_CUDA_SM80_ONLY"] = "1"
+
+    def __exit__(self, *exc):
+        os.environ.pop("FLASHKV_CUDA_SM80_ONLY", None)
+
+
+def sm80(fn):
+    def run():
+        with Sm80Only():
+            return fn()
+    return run
+
+
 def ceilings():
     n = 2 ** 30
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -110,12 +128,14 @@ def prefill(dims, seqlens, modes, check):
                     qd, kd, vd = q.detach(), k.detach(), v.detach()
                     if mode == "fwd":
                         fns["flashkv"] = lambda: fk_forward(qd, kd, vd, causal)
+                        fns["flashkv_sm80"] = sm80(lambda: fk_forward(qd, kd, vd, causal))
                     else:
                         def fk_fb(det):
                             out, lse = fk_forward(qd, kd, vd, causal)
                             return fk_backward(g, qd, kd, vd, out, lse, causal, det)
                         fns["flashkv"] = lambda: fk_fb(False)
                         fns["flashkv_det"] = lambda: fk_fb(True)
+                        fns["flashkv_sm80"] = sm80(lambda: fk_fb(False))
                     for name, fn in fns.items():
                         try:
                             ms = bench(fn)
@@ -208,7 +228,8 @@ def progression(configs):
             return torch.softmax(sc, dim=-1) @ vt
         fns = {"naive (torch, S/P materialized)": naive,
                "v1 order (flashkv)": lambda: fk_forward(q, k, v, causal, "v1"),
-               "v2 (flashkv tiled)": lambda: fk_forward(q, k, v, causal)}
+               "v2 (flashkv sm80, mma.sync)": sm80(lambda: fk_forward(q, k, v, causal)),
+               "v3-class (flashkv sm90, wgmma)": lambda: fk_forward(q, k, v, causal)}
         for name, fn in fns.items():
             try:
                 ms = bench(fn, rep=50)
@@ -225,16 +246,17 @@ def progression(configs):
 # ---- report -------------------------------------------------------------------------------------------------------
 def prefill_table(rows):
     get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r.get("tflops") for r in rows if "mode" in r}
-    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | SDPA flash | cuDNN | mem-eff | flashkv/flash | "
-             "flashkv/cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | SDPA flash | cuDNN | mem-eff | "
+             "flashkv/flash | sm80/flash | flashkv/cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["mode"], r["d"], r["s"], r["causal"]) for r in rows if "mode" in r and r["backend"] != "check"})
     for mode, d, s, c in keys:
         f = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
         fk, fl, cu = f("flashkv"), f("flash"), f("cudnn")
         fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
-        lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | {fmt(fl)} | {fmt(cu)} | "
-                     f"{fmt(f('mem_eff'))} | {ratio(fk, fl)} | {ratio(fk, cu)} |")
+        lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | "
+                     f"{fmt(f('flashkv_sm80'))} | {fmt(fl)} | {fmt(cu)} | {fmt(f('mem_eff'))} | {ratio(fk, fl)} | "
+                     f"{ratio(f('flashkv_sm80'), fl)} | {ratio(fk, cu)} |")
     return "\n".join(lines)
 
 
@@ -279,7 +301,9 @@ def main():
     stamp = datetime.date.today().isoformat()
     with open(os.path.join(a.out, f"h200-attention-{stamp}.json"), "w") as f:
         json.dump(res, f, indent=1)
-    md = [f"# flashkv CUDA (sm80 kernels) vs PyTorch SDPA on {meta['gpu']} — {meta['date']}",
+    md = [f"# flashkv CUDA vs PyTorch SDPA on {meta['gpu']} — {meta['date']}",
+          "flashkv: default dispatch (sm90 wgmma kernels on Hopper for head dims 64/128/256); flashkv sm80: the "
+          "mma.sync (FA2-class) kernels forced with FLASHKV_CUDA_SM80_ONLY=1; flashkv det: deterministic backward.",
           f"Command: `{meta['command']}`; torch {meta['torch']}, cuDNN {meta['cudnn']}.",
           f"Ceilings (same run): copy {res['ceilings']['copy_TBps']:.2f} TB/s (read+write), HBM read "
           f"{res['ceilings']['read_TBps']:.2f} TB/s, bf16 GEMM {res['ceilings']['bf16_gemm_TFLOPs']:.0f} TFLOP/s.", ""]

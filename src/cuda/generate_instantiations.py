@@ -15,8 +15,8 @@ ALL_HEAD_DIMS = [64, 96, 128, 192, 256]
 DTYPES = {"bf16": ("__nv_bfloat16", "DType::bfloat16"), "fp16": ("__half", "DType::float16")}
 KINDS = {
     # kind: (launcher template, header, KernelKind enumerator)
-    "fwd": ("run_fwd", "cuda/sm80/fwd_launch.cuh", "fwd"),
-    "bwd": ("run_bwd", "cuda/sm80/bwd_launch.cuh", "bwd"),
+    "fwd": ("run_fwd", "cuda/sm90/fwd_launch.cuh", "fwd"),
+    "bwd": ("run_bwd", "cuda/sm90/bwd_launch.cuh", "bwd"),
     "decode": ("run_decode", "cuda/sm80/decode_launch.cuh", "decode"),
     "fwd_v1": ("run_fwd_v1", "cuda/sm80/fwd_v1_launch.cuh", "fwd_v1"),
 }

@@ -60,4 +60,13 @@ int max_smem_per_block();
 /// naming the kernel, both sizes and the device — instead of a launch failure.
 void require_smem(int bytes, const char* kernel, int head_dim);
 
+/// True when the current device is Hopper (compute capability 9.0) and the environment variable
+/// FLASHKV_CUDA_SM80_ONLY is unset or 0 (read on every call): the sm90 (wgmma) kernels are then preferred over the
+/// sm80 (mma.sync) ones where both exist.
+bool use_sm90_kernels();
+
+/// True when `kernel` (a __global__ function) has sm_90a machine code for the current device in this binary (a build
+/// whose CMAKE_CUDA_ARCHITECTURES lacks 90a has none). Cached per device and kernel.
+bool kernel_has_sm90a(const void* kernel);
+
 }  // namespace flashkv::cuda

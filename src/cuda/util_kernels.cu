@@ -1,6 +1,10 @@
 // Layout helper kernels (see util.hpp).
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -118,6 +122,39 @@ void require_smem(int bytes, const char* kernel, int head_dim) {
                          std::to_string(head_dim) + " needs " + std::to_string(bytes) +
                          " bytes of shared memory per block; this GPU (sm_" + std::to_string(major) +
                          std::to_string(minor) + ") allows " + std::to_string(have));
+}
+
+bool use_sm90_kernels() {
+  if (const char* env = std::getenv("FLASHKV_CUDA_SM80_ONLY"); env != nullptr && std::strcmp(env, "0") != 0) {
+    return false;
+  }
+  static int cached[64] = {};  // 0 unknown, 1 Hopper, 2 other
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  int c = dev < 64 ? cached[dev] : 0;
+  if (c == 0) {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(cc)");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(cc)");
+    c = (major == 9 && minor == 0) ? 1 : 2;
+    if (dev < 64) cached[dev] = c;
+  }
+  return c == 1;
+}
+
+bool kernel_has_sm90a(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, kernel);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
+  const bool ok = attr.binaryVersion == 90;
+  cache.emplace(key, ok);
+  return ok;
 }
 
 }  // namespace flashkv::cuda

@@ -223,6 +223,15 @@ void check_forward(const Case& c) {
   EXPECT_LE(lerr, 2 * naive_lerr + 1e-4) << "lse: kernel err " << lerr << " vs naive " << naive_lerr;
 }
 
+/// Forces the sm80 kernels for its lifetime (FLASHKV_CUDA_SM80_ONLY=1): on Hopper the default dispatch takes the sm90
+/// (wgmma) kernels for head dims 64/128/256, so each grid test runs once per kernel family.
+struct Sm80Only {
+  Sm80Only() { setenv("FLASHKV_CUDA_SM80_ONLY", "1", 1); }
+  ~Sm80Only() { unsetenv("FLASHKV_CUDA_SM80_ONLY"); }
+  Sm80Only(const Sm80Only&) = delete;
+  Sm80Only& operator=(const Sm80Only&) = delete;
+};
+
 std::vector<int> head_dims() { return {64, 128, 59, 111, 96, 192, 256}; }
 
 bool compiled(int d, DType t) {
@@ -240,7 +249,7 @@ bool compiled(int d, DType t) {
   }
 }
 
-TEST(CudaForward, GridVsFloat64Reference) {
+void forward_grid() {
   for (DType t : {DType::bfloat16, DType::float16}) {
     for (int d : head_dims()) {
       if (!compiled(d, t)) continue;
@@ -265,8 +274,14 @@ TEST(CudaForward, GridVsFloat64Reference) {
     }
   }
 }
+TEST(CudaForward, GridVsFloat64Reference) { forward_grid(); }
+// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+TEST(CudaForwardSm80, GridVsFloat64Reference) {
+  Sm80Only only;
+  forward_grid();
+}
 
-TEST(CudaForward, VarlenWithEmptySequences) {
+void forward_varlen() {
   for (DType t : {DType::bfloat16, DType::float16}) {
     for (bool causal : {false, true}) {
       Case c;
@@ -279,6 +294,12 @@ TEST(CudaForward, VarlenWithEmptySequences) {
       check_forward(c);
     }
   }
+}
+TEST(CudaForward, VarlenWithEmptySequences) { forward_varlen(); }
+// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+TEST(CudaForwardSm80, VarlenWithEmptySequences) {
+  Sm80Only only;
+  forward_varlen();
 }
 
 TEST(CudaForward, StridedInputsUsePaddedCopy) {
@@ -391,7 +412,7 @@ void check_backward(const Case& c) {
   }
 }
 
-TEST(CudaBackward, GridVsFloat64Reference) {
+void backward_grid() {
   for (DType t : {DType::bfloat16, DType::float16}) {
     for (int d : head_dims()) {
       if (!compiled(d, t)) continue;
@@ -414,8 +435,14 @@ TEST(CudaBackward, GridVsFloat64Reference) {
     }
   }
 }
+TEST(CudaBackward, GridVsFloat64Reference) { backward_grid(); }
+// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+TEST(CudaBackwardSm80, GridVsFloat64Reference) {
+  Sm80Only only;
+  backward_grid();
+}
 
-TEST(CudaBackward, VarlenAndStrided) {
+void backward_varlen_strided() {
   Case c;
   c.heads = 4, c.heads_kv = 2, c.head_dim = 64, c.causal = true;
   c.varlen_q = {5, 0, 133, 1, 70};
@@ -424,6 +451,12 @@ TEST(CudaBackward, VarlenAndStrided) {
   Case s;
   s.strided = true, s.head_dim = 59, s.window_left = 40, s.window_right = 40;
   check_backward(s);
+}
+TEST(CudaBackward, VarlenAndStrided) { backward_varlen_strided(); }
+// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+TEST(CudaBackwardSm80, VarlenAndStrided) {
+  Sm80Only only;
+  backward_varlen_strided();
 }
 
 TEST(CudaSmallGpu, TileConfigurationsForLessSharedMemory) {
@@ -455,7 +488,7 @@ TEST(CudaSmallGpu, TileConfigurationsForLessSharedMemory) {
   }
 }
 
-TEST(CudaBackward, DeterministicIsBitIdentical) {
+void backward_deterministic() {
   for (bool causal : {false, true}) {
     Case c;
     c.batch = 2, c.heads = 8, c.heads_kv = 2, c.head_dim = 128, c.seqlen_q = 1024 + 17, c.seqlen_k = 1024 + 17;
@@ -477,6 +510,12 @@ TEST(CudaBackward, DeterministicIsBitIdentical) {
     const double e = max_abs_diff(decode(x.dq, c.dtype), decode(a.dq, c.dtype));
     EXPECT_LE(e, 2e-2) << "atomic vs deterministic dq differ by more than rounding";
   }
+}
+TEST(CudaBackward, DeterministicIsBitIdentical) { backward_deterministic(); }
+// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+TEST(CudaBackwardSm80, DeterministicIsBitIdentical) {
+  Sm80Only only;
+  backward_deterministic();
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Backward tile/warp-grid variants for head_dim 128 (tune_main.cu times them).
 #include <cuda_bf16.h>
 
-#include "../../../src/cuda/sm80/bwd_launch.cuh"
+#include "../../../src/cuda/sm90/bwd_launch.cuh"
 #include "tune.hpp"
 
 using namespace flashkv::cuda;
@@ -10,4 +10,6 @@ using namespace flashkv::cuda::sm80;
 #define CAT(a, b) CAT2(a, b)
 #define W(NAME, ...) static tune::Register CAT(reg_, __LINE__)(NAME, 128, &run_bwd_cfg<__VA_ARGS__, __nv_bfloat16>);
 W("64x128 w8 4/4/2", BwdConfig<128, 64, 128, 8, 4, 4, 2>)
-W("64x128 w8 4/4/4", BwdConfig<128, 64, 128, 8, 4, 4, 4>)
+#define W9(NAME, ...) static tune::Register CAT(reg9_, __LINE__)(NAME, 128, &run_bwd_sm90_cfg<__VA_ARGS__, __nv_bfloat16>);
+W9("sm90 64x128 seq", sm90::BwdConfig<128, 64, 128, false>)
+W9("sm90 64x128 ovl", sm90::BwdConfig<128, 64, 128, true>)

@@ -48,8 +48,9 @@ void run_fwd_cfg(const FwdParams& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "fwd kernel launch");
 }
 
+/// The sm80 forward for kHeadDim: the tile table's configuration (causal / small-shared-memory variants).
 template <int kHeadDim, class T>
-void run_fwd(const FwdParams& p, cudaStream_t stream) {
+void run_fwd_sm80(const FwdParams& p, cudaStream_t stream) {
   using Tiles = FwdTiles<kHeadDim>;
   const bool causal_like = p.window_right == 0;  // causal (bottom-right) masking, with or without a left window
   if constexpr (!std::is_same_v<typename Tiles::Cfg, typename Tiles::CfgSmall>) {

@@ -16,6 +16,7 @@ struct SmemTile {
   static constexpr int kCols = kCols_;                      ///< logical columns (elements)
   static constexpr int kChunks = kCols / 8;                 ///< logical 16-byte chunks per row
   static constexpr int kPitchChunks = (kChunks + 7) / 8 * 8;  ///< physical chunks per row
+  static constexpr int kRowBytes = kPitchChunks * 16;        ///< bytes from one row to the next
   static constexpr int kBytes = kRows * kPitchChunks * 16;
   static_assert(kCols % 16 == 0, "tile columns must be a multiple of 16");
 
@@ -73,7 +74,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_p
       const bool ok = col_ok && r < valid_rows;
       const void* src = ok ? reinterpret_cast<const char*>(row_ptr(r)) + c * 16 : any_valid_ptr;
       // kRowStep is a multiple of 8 whenever kChunks <= kThreads / 8, keeping (row & 7) and thus the swizzle fixed.
-      const uint32_t dst = (kRowStep % 8 == 0) ? dst0 + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16)
+      const uint32_t dst = (kRowStep % 8 == 0) ? dst0 + static_cast<uint32_t>(it * kRowStep * Tile::kRowBytes)
                                                : smem_base + Tile::offset(r, c);
       cp_async_16(dst, src, ok);
     }
@@ -91,7 +92,8 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_base, RowPtr row_p
   }
 }
 
-/// Per-thread plan for copying Tile-shaped row blocks of one strided global matrix into shared memory with cp.async:
+/// Per-thread plan for copying Tile-shaped row blocks (Tile: SmemTile or any layout with the same offset/kRowBytes
+/// interface whose swizzle depends on row & 7 only, e.g. sm90::PanelTile) of one strided global matrix into shared memory with cp.async:
 /// thread i owns chunk column (i % kChunks) and rows row0 + it * kRowStep. Everything that depends only on the thread
 /// (row, swizzled destination offset, column validity) is computed once; a copy is then one 64-bit pointer per tile and
 /// one pointer increment per 16-byte chunk, instead of recomputing the full address (and a bounds test) per chunk.
@@ -117,7 +119,7 @@ struct TileCopy {
 #pragma unroll
     for (int ph = 0; ph < kPhases; ++ph)
       dst_off[ph] = Tile::offset(row0 + ph * kRowStep, c) -
-                    static_cast<uint32_t>(ph * kRowStep * Tile::kPitchChunks * 16);
+                    static_cast<uint32_t>(ph * kRowStep * Tile::kRowBytes);
     col_bytes = c * 16;
     col_ok = c * 8 < num_cols;
   }
@@ -137,7 +139,7 @@ struct TileCopy {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const uint32_t dst =
-            smem_base + dst_off[it % kPhases] + static_cast<uint32_t>(it * kRowStep * Tile::kPitchChunks * 16);
+            smem_base + dst_off[it % kPhases] + static_cast<uint32_t>(it * kRowStep * Tile::kRowBytes);
         if constexpr (kFull) {
           cp_async_16(dst, src);
         } else {
