@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DRAM traffic of the progression variants (naive -> v1 order -> v2) from Nsight Compute counters.
+"""DRAM traffic of the progression variants (naive -> v1 order -> v2 (sm80) -> sm90 wgmma) from Nsight Compute counters.
 
     PYTHONPATH=python FLASHKV_LIBRARY=... python3 bench/gpu/progression_dram.py [--out DIR]
 
@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-VARIANTS = ("naive", "v1", "v2")
+VARIANTS = ("naive", "v1", "v2", "sm90")
 D, S = 128, 2048
 
 
@@ -26,13 +26,16 @@ def run_variant(name):
     import torch
 
     import flashkv
+    if name == "v2":  # the sm80 (mma.sync) kernels even on Hopper
+        os.environ["FLASHKV_CUDA_SM80_ONLY"] = "1"
     b, h = 16384 // S, 2048 // D
     q = torch.randn(b, S, h, D, dtype=torch.bfloat16, device="cuda")
     k, v = torch.randn_like(q), torch.randn_like(q)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     fn = {"naive": lambda: torch.softmax((qt @ kt.transpose(-1, -2)) * (1 / math.sqrt(D)), dim=-1) @ vt,
           "v1": lambda: flashkv.attention(q, k, v, algorithm="v1"),
-          "v2": lambda: flashkv.attention(q, k, v)}[name]
+          "v2": lambda: flashkv.attention(q, k, v),
+          "sm90": lambda: flashkv.attention(q, k, v)}[name]
     fn()  # warm-up (module load, workspace pools)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
