@@ -18,6 +18,7 @@
 
 #include "core/mask.hpp"
 #include "cuda/params.hpp"
+#include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/common.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
@@ -25,9 +26,11 @@
 
 namespace flashkv::cuda::sm90 {
 
+using sm80::cp_async_4;
 using sm80::cp_async_commit;
 using sm80::cp_async_wait;
 using sm80::exp2_approx;
+using sm80::ld_acquire;
 using sm80::pack2;
 using sm80::red_add_f32x2;
 using sm80::SeqInfo;
@@ -54,15 +57,6 @@ struct BwdConfig {
   static constexpr int kSmemBytes =
       4 * TileQ::kBytes + 2 * TileK::kBytes + 2 * TileP::kBytes + 4 * kBlockM * 4 + 1024;  // + base alignment
 };
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 template <class Cfg, class T, bool kSoftcap>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p) {
