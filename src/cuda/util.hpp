@@ -65,8 +65,17 @@ void require_smem(int bytes, const char* kernel, int head_dim);
 /// sm80 (mma.sync) ones where both exist.
 bool use_sm90_kernels();
 
-/// True when `kernel` (a __global__ function) has sm_90a machine code for the current device in this binary (a build
-/// whose CMAKE_CUDA_ARCHITECTURES lacks 90a has none). Cached per device and kernel.
+/// True when this build may run the sm90 kernels: it was compiled with sm_90a code and no plain sm_90 image the driver
+/// could pick instead (CMake defines FLASHKV_CUDA_SM90A), and `kernel` (a __global__ function) runs an sm_90-level
+/// binary on the current device (cudaFuncGetAttributes; cached per device and kernel). A build without sm_90a would
+/// otherwise run the sm90 kernels' trap-only bodies.
 bool kernel_has_sm90a(const void* kernel);
+
+/// True when the current device takes the sm90 kernels by default: use_sm90_kernels() and a build with sm_90a code.
+/// (Tests use it to check that Hopper really runs them.)
+bool sm90_dispatch_active();
+
+/// True when this build was compiled with the sm90 kernels' sm_90a code (see kernel_has_sm90a).
+bool sm90_kernels_compiled();
 
 }  // namespace flashkv::cuda

@@ -1,5 +1,6 @@
 // Layout helper kernels (see util.hpp).
 #include <cstdint>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -125,24 +126,30 @@ void require_smem(int bytes, const char* kernel, int head_dim) {
 }
 
 bool use_sm90_kernels() {
-  if (const char* env = std::getenv("FLASHKV_CUDA_SM80_ONLY"); env != nullptr && std::strcmp(env, "0") != 0) {
+  if (const char* env = std::getenv("FLASHKV_CUDA_SM80_ONLY"); env != nullptr && env[0] != '\0' &&
+                                                               std::strcmp(env, "0") != 0) {
     return false;
   }
-  static int cached[64] = {};  // 0 unknown, 1 Hopper, 2 other
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 Hopper (cc 9.0), 2 other
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  int c = dev < 64 ? cached[dev] : 0;
+  int c = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
   if (c == 0) {
     int major = 0, minor = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(cc)");
     check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(cc)");
     c = (major == 9 && minor == 0) ? 1 : 2;
-    if (dev < 64) cached[dev] = c;
+    if (dev < 64) cached[dev].store(c, std::memory_order_relaxed);
   }
   return c == 1;
 }
 
+namespace {
+__global__ void sm90_dispatch_probe_kernel() {}
+}  // namespace
+
 bool kernel_has_sm90a(const void* kernel) {
+#if defined(FLASHKV_CUDA_SM90A)
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> cache;
   int dev = 0;
@@ -155,6 +162,22 @@ bool kernel_has_sm90a(const void* kernel) {
   const bool ok = attr.binaryVersion == 90;
   cache.emplace(key, ok);
   return ok;
+#else
+  (void)kernel;
+  return false;
+#endif
+}
+
+bool sm90_kernels_compiled() {
+#if defined(FLASHKV_CUDA_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool sm90_dispatch_active() {
+  return use_sm90_kernels() && kernel_has_sm90a(reinterpret_cast<const void*>(sm90_dispatch_probe_kernel));
 }
 
 }  // namespace flashkv::cuda

@@ -12,6 +12,7 @@
 
 #include "core/validate.hpp"
 #include "cuda/attention_cuda.hpp"
+#include "cuda/util.hpp"
 #include "cuda_test_util.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/error.hpp"
@@ -226,11 +227,44 @@ void check_forward(const Case& c) {
 /// Forces the sm80 kernels for its lifetime (FLASHKV_CUDA_SM80_ONLY=1): on Hopper the default dispatch takes the sm90
 /// (wgmma) kernels for head dims 64/128/256, so each grid test runs once per kernel family.
 struct Sm80Only {
-  Sm80Only() { setenv("FLASHKV_CUDA_SM80_ONLY", "1", 1); }
-  ~Sm80Only() { unsetenv("FLASHKV_CUDA_SM80_ONLY"); }
+  Sm80Only() {
+    if (const char* v = std::getenv("FLASHKV_CUDA_SM80_ONLY")) previous_ = v, had_ = true;
+    setenv("FLASHKV_CUDA_SM80_ONLY", "1", 1);
+  }
+  ~Sm80Only() {
+    if (had_) {
+      setenv("FLASHKV_CUDA_SM80_ONLY", previous_.c_str(), 1);
+    } else {
+      unsetenv("FLASHKV_CUDA_SM80_ONLY");
+    }
+  }
   Sm80Only(const Sm80Only&) = delete;
   Sm80Only& operator=(const Sm80Only&) = delete;
+
+ private:
+  std::string previous_;
+  bool had_ = false;
 };
+
+// On Hopper, with a build that carries sm_90a code, the default dispatch must really take the sm90 kernels (else the
+// Cuda* suites would test the sm80 kernels twice), and FLASHKV_CUDA_SM80_ONLY must switch it off.
+TEST(CudaKernels, HopperTakesSm90Kernels) {
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  std::printf("  sm_%d%d, sm90 kernels compiled: %d\n", major, minor, static_cast<int>(cuda::sm90_kernels_compiled()));
+  if (const char* v = std::getenv("FLASHKV_CUDA_SM80_ONLY"); v != nullptr && v[0] != '\0' && std::string(v) != "0") {
+    GTEST_SKIP() << "FLASHKV_CUDA_SM80_ONLY is set";
+  }
+  EXPECT_EQ(cuda::sm90_dispatch_active(), hopper && cuda::sm90_kernels_compiled());
+  {
+    Sm80Only only;
+    EXPECT_FALSE(cuda::sm90_dispatch_active());
+  }
+  EXPECT_EQ(cuda::sm90_dispatch_active(), hopper && cuda::sm90_kernels_compiled());
+}
 
 std::vector<int> head_dims() { return {64, 128, 59, 111, 96, 192, 256}; }
 
@@ -489,10 +523,11 @@ TEST(CudaSmallGpu, TileConfigurationsForLessSharedMemory) {
 }
 
 void backward_deterministic() {
-  for (bool causal : {false, true}) {
+  for (int mode = 0; mode < 3; ++mode) {  // non-causal, causal, sliding window (uneven K/V-block turn counts)
     Case c;
     c.batch = 2, c.heads = 8, c.heads_kv = 2, c.head_dim = 128, c.seqlen_q = 1024 + 17, c.seqlen_k = 1024 + 17;
-    c.causal = causal;
+    c.causal = mode == 1;
+    if (mode == 2) c.window_left = 100, c.window_right = 30;
     SCOPED_TRACE(c.name());
     std::mt19937_64 rng(test_seed() + 7);
     const CaseData r = make_run(c, rng);
@@ -510,6 +545,10 @@ void backward_deterministic() {
     const double e = max_abs_diff(decode(x.dq, c.dtype), decode(a.dq, c.dtype));
     EXPECT_LE(e, 2e-2) << "atomic vs deterministic dq differ by more than rounding";
   }
+  Case w;  // deterministic with a window against the float64 reference
+  w.heads = 4, w.heads_kv = 2, w.head_dim = 64, w.seqlen_q = 257, w.seqlen_k = 300, w.window_left = 37;
+  w.window_right = 11, w.deterministic = true;
+  check_backward(w);
 }
 TEST(CudaBackward, DeterministicIsBitIdentical) { backward_deterministic(); }
 // The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.

@@ -6,7 +6,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../../.."
 out="$1"; shift || true
 mkdir -p "$out"
-flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$root/src" -I"$root/include" "$@")
+flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -DFLASHKV_CUDA_SM90A=1 -I"$root/src" -I"$root/include" "$@")
 pids=()
 for f in "$here"/tune_*.cu "$root/src/cuda/util_kernels.cu"; do
   nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f" .cu).o" &

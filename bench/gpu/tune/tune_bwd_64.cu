@@ -14,3 +14,4 @@ W("128x128 w8 4/4/4", BwdConfig<64, 128, 128, 8, 4, 4, 4>)
 #define W9(NAME, ...) static tune::Register CAT(reg9_, __LINE__)(NAME, 64, &run_bwd_sm90_cfg<__VA_ARGS__, __nv_bfloat16>);
 W9("sm90 128x128 seq", sm90::BwdConfig<64, 128, 128, false>)
 W9("sm90 128x128 ovl", sm90::BwdConfig<64, 128, 128, true>)
+W9("sm90 64x128 ovl (warpgroup tiles start mid-panel)", sm90::BwdConfig<64, 64, 128, true>)

@@ -181,6 +181,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const FwdParams p
     }
 
     // ---- O += P V, P from registers ---------------------------------------------------------------------------
+#pragma unroll
+    for (int c = 0; c < kOChunks; ++c) fence_operands(o[c]);  // the rescale above happens before the wgmmas read O
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
