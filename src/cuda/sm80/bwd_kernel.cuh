@@ -16,6 +16,7 @@
 
 #include "core/mask.hpp"
 #include "cuda/params.hpp"
+#include "cuda/sm80/bwd_common.cuh"
 #include "cuda/sm80/common.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
@@ -50,15 +51,6 @@ struct BwdConfig {
   using TileP = SmemTile<kBlockN, kBlockM>;
   static constexpr int kSmemBytes = 4 * TileQ::kBytes + 2 * TileK::kBytes + 2 * TileP::kBytes + 4 * kBlockM * 4;
 };
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 /// kSoftcap: scores pass through softcap * tanh(s / softcap); a template flag so the common path has no tanh code.
 template <class Cfg, class T, bool kSoftcap>
@@ -119,15 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
     q_copy.copy(sQ + buf * TileQ::kBytes, qg_ + m0 * p.q_s.row, p.q_s.row, rows);
     q_copy.copy(sdO + buf * TileQ::kBytes, dog + m0 * p.dout_s.row, p.dout_s.row, rows);
     static_assert(kThreads >= kBlockM, "one thread per query row loads lse and D");
-    if (const int i = static_cast<int>(threadIdx.x); i < kBlockM) {
-      if (i < rows) {
-        cp_async_4(smem_addr(sLse + buf * kBlockM + i), lse2g + m0 + i);
-        cp_async_4(smem_addr(sD + buf * kBlockM + i), dsumg + m0 + i);
-      } else {
-        sLse[buf * kBlockM + i] = INFINITY;  // padded rows: P = 0
-        sD[buf * kBlockM + i] = 0.f;
-      }
-    }
+    load_lse_dsum<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, lse2g, dsumg, m0, rows);
   };
   if (m_max > m_min) load_q_block(m_min, 0);
   cp_async_commit();
@@ -297,69 +281,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
           }
         }
       }
-      if (p.deterministic && chunk == 0) {
-        // Our turn = number of K/V blocks before ours that contribute to this query block.
-        int64_t k_first, k_last;
-        rule.block_key_range(m0, min(m0 + kBlockM, si.seqlen_q), &k_first, &k_last);
-        const int turn = n_block - static_cast<int>(k_first / kBlockN);
-        sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.num_m_blocks + m;
-        if (threadIdx.x == 0) {
-          while (ld_acquire(sem) != turn) {
-          }
-        }
-        __syncthreads();
-      }
+      if (p.deterministic && chunk == 0) sem = bwd_dq_turn_wait<kBlockM, kBlockN>(p, rule, si, b, h, m, n_block);
       // This thread's dQ fragment: rows (mq*kMT3 + a)*16 + g + 8*hh, columns qg*kQC + chunk*kQCc + dt*8 + 2t.
       const int col0 = qg * kQC + chunk * kQCc + 2 * t;
-      float* dq_thread = dqa + ((mq * kMT3) * 16 + g) * dq_row_stride + col0;
-      const bool full_block = !kMask && p.head_dim == kHeadDim;  // every row and column exists
-      if (!p.deterministic && full_block) {
-#pragma unroll
-        for (int a = 0; a < kMT3; ++a)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float* row = dq_thread + (a * 16 + 8 * hh) * dq_row_stride;
-#pragma unroll
-            for (int dt = 0; dt < kQCc / 8; ++dt) red_add_f32x2(row + dt * 8, dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]);
-          }
-      } else {
-#pragma unroll
-        for (int a = 0; a < kMT3; ++a)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int il = (mq * kMT3 + a) * 16 + g + 8 * hh;
-            float* row = dq_thread + (a * 16 + 8 * hh) * dq_row_stride;
-            if (m0 + il >= si.seqlen_q) continue;
-#pragma unroll
-            for (int dt = 0; dt < kQCc / 8; ++dt) {
-              if (col0 + dt * 8 >= p.head_dim) continue;
-              float* dst = row + dt * 8;
-              if (p.deterministic) {
-                float2 cur = __ldcg(reinterpret_cast<const float2*>(dst));
-                cur.x += dq[a][dt][2 * hh];
-                cur.y += dq[a][dt][2 * hh + 1];
-                __stcg(reinterpret_cast<float2*>(dst), cur);
-              } else {
-                red_add_f32x2(dst, dq[a][dt][2 * hh], dq[a][dt][2 * hh + 1]);
-              }
-            }
-          }
-      }
+      const int il0 = (mq * kMT3) * 16 + g;
+      bwd_add_dq<kMT3, kQCc / 8>(p, dqa + il0 * dq_row_stride + col0, dq_row_stride, il0, m0, si.seqlen_q, col0,
+                                 !kMask && p.head_dim == kHeadDim,
+                                 [&](int a, int j, int hh, int e) { return dq[a][j][2 * hh + e]; });
     }
-    if (p.deterministic) {
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) atomicAdd(sem, 1);
-    }
+    if (p.deterministic) bwd_dq_turn_done(sem);
   };
 
-  auto needs_mask = [&](int m) {
-    const int m0 = m * kBlockM;
-    return n0 + kBlockN > si.seqlen_k || m0 + kBlockM > si.seqlen_q ||
-           !rule.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-  };
   for (int m = m_min; m < m_max; ++m) {
-    if (needs_mask(m)) {
+    if (bwd_needs_mask<kBlockM, kBlockN>(rule, si, m, n0)) {
       step(m, std::true_type{});
     } else {
       step(m, std::false_type{});
@@ -378,17 +312,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
         const int c = dg * kDC + dt * 8 + 2 * t;
         if (jl >= rows_k || c >= p.head_dim) continue;
         const float k0v = dk[a][dt][2 * hh] * p.softmax_scale, k1v = dk[a][dt][2 * hh + 1] * p.softmax_scale;
-        const float v0v = dv[a][dt][2 * hh], v1v = dv[a][dt][2 * hh + 1];
-        if (group == 1) {
-          T* dkg = static_cast<T*>(p.dk) + b * p.dk_s.batch + (si.k_row0 + n0 + jl) * p.dk_s.row + hk * p.dk_s.head;
-          T* dvg = static_cast<T*>(p.dv) + b * p.dv_s.batch + (si.k_row0 + n0 + jl) * p.dv_s.row + hk * p.dv_s.head;
-          *reinterpret_cast<uint32_t*>(dkg + c) = pack2<T>(k0v, k1v);
-          *reinterpret_cast<uint32_t*>(dvg + c) = pack2<T>(v0v, v1v);
-        } else {
-          const int64_t off = ((global_row_k(p, si, b, n0 + jl)) * p.num_heads + h) * p.head_dim_rounded + c;
-          *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(k0v, k1v);
-          *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(v0v, v1v);
-        }
+        bwd_store_dkdv<T>(p, si, b, h, hk, n0, jl, c, k0v, k1v, dv[a][dt][2 * hh], dv[a][dt][2 * hh + 1]);
       }
 }
 

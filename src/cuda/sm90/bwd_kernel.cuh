@@ -18,7 +18,7 @@
 
 #include "core/mask.hpp"
 #include "cuda/params.hpp"
-#include "cuda/sm80/bwd_kernel.cuh"
+#include "cuda/sm80/bwd_common.cuh"
 #include "cuda/sm80/common.cuh"
 #include "cuda/sm80/ptx.cuh"
 #include "cuda/sm80/tile.cuh"
@@ -26,13 +26,10 @@
 
 namespace flashkv::cuda::sm90 {
 
-using sm80::cp_async_4;
 using sm80::cp_async_commit;
 using sm80::cp_async_wait;
 using sm80::exp2_approx;
-using sm80::ld_acquire;
 using sm80::pack2;
-using sm80::red_add_f32x2;
 using sm80::SeqInfo;
 using sm80::smem_addr;
 using sm80::tanh_approx;
@@ -123,15 +120,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
     const int rows = si.seqlen_q - m0;
     q_copy.copy(sQ + buf * TileQ::kBytes, qg_ + m0 * p.q_s.row, p.q_s.row, rows);
     q_copy.copy(sdO + buf * TileQ::kBytes, dog + m0 * p.dout_s.row, p.dout_s.row, rows);
-    if (const int i = static_cast<int>(threadIdx.x); i < kBlockM) {
-      if (i < rows) {
-        cp_async_4(smem_addr(sLse + buf * kBlockM + i), lse2g + m0 + i);
-        cp_async_4(smem_addr(sD + buf * kBlockM + i), dsumg + m0 + i);
-      } else {
-        sLse[buf * kBlockM + i] = INFINITY;  // padded rows: P = 0
-        sD[buf * kBlockM + i] = 0.f;
-      }
-    }
+    sm80::load_lse_dsum<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, lse2g, dsumg, m0, rows);
   };
   if (m_max > m_min) load_q_block(m_min, 0);
   cp_async_commit();
@@ -244,66 +233,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
     float* dqa = p.dq_accum + ((row_base + m0) * p.num_heads + h) * static_cast<int64_t>(p.head_dim_rounded);
     const int64_t dq_row_stride = static_cast<int64_t>(p.num_heads) * p.head_dim_rounded;
     int* sem = nullptr;
-    if (p.deterministic) {
-      int64_t k_first, k_last;
-      rule.block_key_range(m0, min(m0 + kBlockM, si.seqlen_q), &k_first, &k_last);
-      const int turn = n_block - static_cast<int>(k_first / kBlockN);
-      sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.num_m_blocks + m;
-      if (threadIdx.x == 0) {
-        while (ld_acquire(sem) != turn) {
-        }
-      }
-      __syncthreads();
-    }
+    if (p.deterministic) sem = sm80::bwd_dq_turn_wait<kBlockM, kBlockN>(p, rule, si, b, h, m, n_block);
     // This thread's dQ fragment: rows q3 + wrow + g + 8*hh, columns d3 + 8*j + 2t.
     const int col0 = d3 + 2 * t;
-    float* dq_thread = dqa + (q3 + wrow + g) * dq_row_stride + col0;
-    const bool full_block = !kMask && p.head_dim == kHeadDim;
-    if (!p.deterministic && full_block) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float* row = dq_thread + 8 * hh * dq_row_stride;
-#pragma unroll
-        for (int j = 0; j < kN3 / 8; ++j) red_add_f32x2(row + j * 8, dq[j * 4 + 2 * hh], dq[j * 4 + 2 * hh + 1]);
-      }
-    } else {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int il = q3 + wrow + g + 8 * hh;
-        float* row = dq_thread + 8 * hh * dq_row_stride;
-        if (m0 + il >= si.seqlen_q) continue;
-#pragma unroll
-        for (int j = 0; j < kN3 / 8; ++j) {
-          if (col0 + j * 8 >= p.head_dim) continue;
-          float* dst = row + j * 8;
-          if (p.deterministic) {
-            float2 cur = __ldcg(reinterpret_cast<const float2*>(dst));
-            cur.x += dq[j * 4 + 2 * hh];
-            cur.y += dq[j * 4 + 2 * hh + 1];
-            __stcg(reinterpret_cast<float2*>(dst), cur);
-          } else {
-            red_add_f32x2(dst, dq[j * 4 + 2 * hh], dq[j * 4 + 2 * hh + 1]);
-          }
-        }
-      }
-    }
-    if (p.deterministic) {
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) atomicAdd(sem, 1);
-    }
+    const int il0 = q3 + wrow + g;
+    sm80::bwd_add_dq<1, kN3 / 8>(p, dqa + il0 * dq_row_stride + col0, dq_row_stride, il0, m0, si.seqlen_q, col0,
+                                 !kMask && p.head_dim == kHeadDim,
+                                 [&](int, int j, int hh, int e) { return dq[j * 4 + 2 * hh + e]; });
+    if (p.deterministic) sm80::bwd_dq_turn_done(sem);
     wgmma_wait<0>();
     fence_operands(dv);
     fence_operands(dk);
   };
 
-  auto needs_mask = [&](int m) {
-    const int m0 = m * kBlockM;
-    return n0 + kBlockN > si.seqlen_k || m0 + kBlockM > si.seqlen_q ||
-           !rule.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-  };
   for (int m = m_min; m < m_max; ++m) {
-    if (needs_mask(m)) {
+    if (sm80::bwd_needs_mask<kBlockM, kBlockN>(rule, si, m, n0)) {
       step(m, std::true_type{});
     } else {
       step(m, std::false_type{});
@@ -320,17 +264,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const BwdParams p
       const int c = d2 + j * 8 + 2 * t;
       if (jl >= rows_k || c >= p.head_dim) continue;
       const float k0v = dk[j * 4 + 2 * hh] * p.softmax_scale, k1v = dk[j * 4 + 2 * hh + 1] * p.softmax_scale;
-      const float v0v = dv[j * 4 + 2 * hh], v1v = dv[j * 4 + 2 * hh + 1];
-      if (group == 1) {
-        T* dkg = static_cast<T*>(p.dk) + b * p.dk_s.batch + (si.k_row0 + n0 + jl) * p.dk_s.row + hk * p.dk_s.head;
-        T* dvg = static_cast<T*>(p.dv) + b * p.dv_s.batch + (si.k_row0 + n0 + jl) * p.dv_s.row + hk * p.dv_s.head;
-        *reinterpret_cast<uint32_t*>(dkg + c) = pack2<T>(k0v, k1v);
-        *reinterpret_cast<uint32_t*>(dvg + c) = pack2<T>(v0v, v1v);
-      } else {
-        const int64_t off = ((sm80::global_row_k(p, si, b, n0 + jl)) * p.num_heads + h) * p.head_dim_rounded + c;
-        *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(k0v, k1v);
-        *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(v0v, v1v);
-      }
+      sm80::bwd_store_dkdv<T>(p, si, b, h, hk, n0, jl, c, k0v, k1v, dv[j * 4 + 2 * hh], dv[j * 4 + 2 * hh + 1]);
     }
 #else
   __trap();  // built without sm_90a code: the launcher checks the binary before choosing this kernel
