@@ -83,6 +83,9 @@ typedef struct {
 FLASHKV_API const char* flashkv_version(void);
 FLASHKV_API int32_t flashkv_abi_version(void);
 FLASHKV_API const char* flashkv_last_error(void);
+/** The kernel family / code path this thread's last kernel-running call took (one short line, "" before the first;
+ *  see flashkv/diagnostics.hpp). Valid until this thread's next flashkv call. FLASHKV_LOG=1 also prints each to stderr. */
+FLASHKV_API const char* flashkv_last_kernel_path(void);
 /** Fills *opts with defaults (struct_size set). */
 FLASHKV_API flashkv_status flashkv_attention_options_default(flashkv_attention_options* opts);
 

@@ -18,6 +18,15 @@ def library_version() -> str:
     return lib().flashkv_version().decode()
 
 
+def last_kernel_path() -> str:
+    """The kernel family / code path this thread's last flashkv call took, e.g.
+    ``"attention_forward cuda sm90 fwd hdim128 bfloat16 causal"`` ("" before the first call). Setting the
+    environment variable ``FLASHKV_LOG=1`` also prints one such line per call to stderr (flashkv/diagnostics.hpp)."""
+    from ._library import lib
+
+    return lib().flashkv_last_kernel_path().decode()
+
+
 __all__ = [
     "__version__",
     "attention",
@@ -27,6 +36,7 @@ __all__ = [
     "paged_decode",
     "library_path",
     "library_version",
+    "last_kernel_path",
     "UnsupportedError",
     "CapacityError",
 ]

@@ -126,6 +126,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "flashkv_version": ([], ctypes.c_char_p),
         "flashkv_abi_version": ([], ctypes.c_int32),
         "flashkv_last_error": ([], ctypes.c_char_p),
+        "flashkv_last_kernel_path": ([], ctypes.c_char_p),
         "flashkv_attention_options_default": ([O], ctypes.c_int),
         "flashkv_attention_forward": ([T, T, T, T, T, O], ctypes.c_int),
         "flashkv_attention_backward": ([T, T, T, T, T, T, T, T, T, O], ctypes.c_int),

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "capi/capi_common.hpp"
+#include "core/path_log.hpp"
 #include "flashkv/attention.hpp"
 
 namespace flashkv::capi {
@@ -45,6 +46,7 @@ extern "C" {
 const char* flashkv_version(void) { return flashkv::version(); }
 int32_t flashkv_abi_version(void) { return FLASHKV_ABI_VERSION; }
 const char* flashkv_last_error(void) { return flashkv::capi::last_error_c_str(); }
+const char* flashkv_last_kernel_path(void) { return flashkv::core::last_path().c_str(); }
 
 flashkv_status flashkv_attention_options_default(flashkv_attention_options* opts) {
   return flashkv::capi::guard([&] {

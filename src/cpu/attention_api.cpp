@@ -8,6 +8,7 @@
 #endif
 
 #include "core/backend.hpp"
+#include "core/path_log.hpp"
 #include "core/validate.hpp"
 #include "cpu/attention_cpu.hpp"
 #include "flashkv/attention.hpp"
@@ -29,8 +30,18 @@ const core::DeviceBackend& require_backend(Device device) {
   return *be;
 }
 
+/// "attention_forward cpu tiled float32 hdim64 varlen causal" (the CPU kernels have one path per algorithm).
+std::string cpu_path(const char* op, const core::AttentionProblem& p) {
+  std::string s = std::string(op) + " cpu " + (p.is_backward ? "fa2-bwd" : algorithm_name(p.algorithm)) + " " +
+                  dtype_name(p.dtype) + " hdim" + std::to_string(p.head_dim);
+  if (p.is_varlen) s += " varlen";
+  if (p.causal) s += " causal";
+  return s;
+}
+
 void run_forward(const core::AttentionProblem& p) {
   if (p.device == Device::cpu) {
+    core::record_path(cpu_path("attention_forward", p));
     cpu::forward(p);
   } else {
     require_backend(p.device).forward(p, p.stream);
@@ -40,6 +51,7 @@ void run_forward(const core::AttentionProblem& p) {
 void run_backward(const core::AttentionProblem& p) {
   if (p.device == Device::cpu) {
     // `algorithm` selects the forward loop order only; the backward pass has one algorithm (FA2 Alg. 2).
+    core::record_path(cpu_path("attention_backward", p));
     cpu::backward(p);
   } else {
     require_backend(p.device).backward(p, p.stream);
