@@ -22,6 +22,11 @@ with (left, right) = window_size; causal=True is window_size[1] = 0 (bottom-righ
 window of W tokens uses window_size=(W - 1, 0). softcap > 0 applies softcap * tanh(score / softcap) before masking.
 GQA/MQA: num_heads must be a multiple of num_heads_kv.
 
+Non-finite inputs propagate as IEEE arithmetic over the keys each query row sees (include/flashkv/attention.hpp,
+NON-FINITE INPUTS): a row whose visible scores include a NaN or +inf, or are all -inf, gets NaN out and NaN lse; a
+NaN/inf in a visible v row makes that output channel NaN/inf; rows that do not see the bad key are unchanged and masked
+keys never matter; lse = -inf only for a row with no visible key. The backward follows the same rule. Nothing raises.
+
 Errors: ValueError for bad shapes, ranks, strides or values; TypeError for wrong dtypes or object kinds; each message
 names the argument with expected vs actual. flashkv.UnsupportedError for what this build cannot run.
 """

@@ -96,7 +96,7 @@ int run(const OnlineSoftmaxArgs& a) {
       fmt::print("    l = {:.6f}   O = {}\n", st.l, vec(o.data(), dv));
     }
     std::vector<float> out(static_cast<std::size_t>(dv));
-    const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data());
+    const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data(), /*has_keys=*/n > 0);
     fmt::print("  final: out = O / l = {}   lse = m + log(l) = {:.6f}\n", vec(out.data(), dv), lse);
 
     // Exact softmax in float64 over all keys at once (no tiling, no running max).
