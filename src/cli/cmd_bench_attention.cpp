@@ -25,6 +25,7 @@
 #include "cli/util_peak_flops.hpp"
 #include "core/float16.hpp"
 #include "flashkv/attention.hpp"
+#include "flashkv/diagnostics.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/traffic.hpp"
 #include "flashkv/types.hpp"
@@ -61,6 +62,7 @@ struct Row {
   double cpu_share = 0;  ///< process CPU time / (wall time × threads) of the best call: < 1 means contention
   int64_t extra_bytes_measured = -1;
   TrafficEstimate model;
+  std::string kernel_path;  ///< flashkv::last_kernel_path() after the timed calls: the kernel that really ran
 };
 
 void check_args(const BenchArgs& a) {
@@ -226,6 +228,7 @@ int run(const BenchArgs& a) {
           const double cpu0 = process_cpu_ms();
           const auto t0 = std::chrono::steady_clock::now();
           attention_forward(buf.q, buf.k, buf.v, buf.out, &buf.lse_view, opt);
+          r.kernel_path = last_kernel_path();
           ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
           const double share = (process_cpu_ms() - cpu0) / (ms.back() * threads);
           if (probe) r.extra_bytes_measured = probe->peak_extra_bytes();
@@ -252,23 +255,25 @@ int run(const BenchArgs& a) {
   fmt::print("peak float32 FMA rate (measured, {} x {} lanes, {} threads): {:.1f} GFLOP/s at cpu% {:.0f}% "
              "({:.1f} GFLOP/s per held core-set)\n",
              peak.isa, peak.lanes, peak.threads, peak.gflops, 100.0 * peak.cpu_share, peak.gflops_per_cpu());
-  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>5} {:>9} {:>7} {:>12} {:>12} {:>12}\n", "variant", "seqlen", "d",
-             "best ms", "median ms", "cpu%", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved");
+  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>5} {:>9} {:>7} {:>12} {:>12} {:>12}  {}\n", "variant", "seqlen", "d",
+             "best ms", "median ms", "cpu%", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved",
+             "kernel path");
   for (const Row& r : rows) {
     if (r.skipped) {
       fmt::print("{:<6} {:>7} {:>4}  skipped: {}\n", r.variant, r.seqlen, r.head_dim, r.skip_reason);
       continue;
     }
-    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>4.0f}% {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}\n", r.variant,
-               r.seqlen, r.head_dim, r.best_ms, r.median_ms, 100.0 * r.cpu_share, r.gflops, r.pct_peak,
+    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>4.0f}% {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}  {}\n",
+               r.variant, r.seqlen, r.head_dim, r.best_ms, r.median_ms, 100.0 * r.cpu_share, r.gflops, r.pct_peak,
                human_bytes(static_cast<double>(r.extra_bytes_measured)),
-               human_bytes(r.model.extra_memory_bytes), human_bytes(r.model.bytes_total));
+               human_bytes(r.model.extra_memory_bytes), human_bytes(r.model.bytes_total), r.kernel_path);
   }
   fmt::print("cpu% = process CPU time / (wall time x threads) of the best call (below 100%: other processes took "
              "cores; timings are then pessimistic)\n");
   fmt::print("FLOPs = 4*batch*heads*seqlen^2*head_dim{}; extra mem = peak resident growth during the first call "
              "(VmHWM); (model) and bytes moved (slow<->fast memory) from include/flashkv/traffic.hpp\n",
              a.causal ? " / 2 (causal)" : "");
+  fmt::print("kernel path = flashkv::last_kernel_path() after the row's calls (what FLASHKV_LOG=1 prints per call)\n");
 
   // ---- JSON --------------------------------------------------------------------------------------------------------
   if (!a.json_path.empty()) {
@@ -304,6 +309,7 @@ int run(const BenchArgs& a) {
         e["gflops"] = r.gflops;
         e["pct_of_peak"] = r.pct_peak;
         e["extra_memory_bytes_measured"] = r.extra_bytes_measured;
+        e["kernel_path"] = r.kernel_path;
       }
       e["extra_memory_bytes_model"] = r.model.extra_memory_bytes;
       e["bytes_moved"] = r.model.bytes_total;

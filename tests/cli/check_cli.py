@@ -3,6 +3,7 @@
 
 checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line)."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def check_bench_json(binary):
                    f"timings {e}")
             expect(e["bytes_moved"] > 0, f"bytes moved {e}")
             expect(0 < e["cpu_share_best"] <= 1.5, f"cpu share of the best call in (0, 1] (+ clock slack): {e}")
+            alg = {"naive": "naive", "v1": "v1", "v2": "tiled"}[e["variant"]]
+            expect(e.get("kernel_path") == f"attention_forward cpu {alg} float32 hdim32 causal",
+                   f"kernel path of the row names the kernel that ran: {e.get('kernel_path')!r}")
+        expect("kernel path" in r.stdout and "attention_forward cpu tiled float32 hdim32 causal" in r.stdout,
+               "the table prints the kernel path per row")
         by = {(e["variant"], e["seqlen"]): e for e in res}
         for s in (96, 200):
             expect(by[("naive", s)]["bytes_moved"] > by[("v2", s)]["bytes_moved"],
@@ -64,6 +70,13 @@ def check_bench_json(binary):
                 "--variant", "naive", "--max-naive-memory", "0.0001", "--quiet")
         expect(r.returncode == 0 and "skipped" in r.stdout, f"naive skipped over the memory limit: {r.stdout}")
         expect(r.stderr == "", "--quiet prints nothing on stderr")
+        # docs/cli.md: FLASHKV_LOG=1 prints one line per kernel-running call
+        r = subprocess.run([binary, "bench", "attention", "--seqlen", "256", "--head-dim", "64", "--heads", "2",
+                            "--repeats", "1", "--variant", "v2", "--quiet"], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, FLASHKV_LOG="1"))
+        lines = [l for l in r.stderr.splitlines() if l.startswith("flashkv: ")]
+        expect(r.returncode == 0 and lines == ["flashkv: attention_forward cpu tiled float32 hdim64"],
+               f"FLASHKV_LOG=1: one line per call: {r.stderr!r}")
 
 
 def check_explain(binary):
