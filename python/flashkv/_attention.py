@@ -11,7 +11,7 @@ Layout (bshd, as flash-attn):
     out  [batch, seqlen_q, num_heads,    head_dim_v]   (same dtype as q)
     lse  [batch, num_heads, seqlen_q] float32, natural log (-inf for a row that sees no key)
 Varlen (packed): q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32
-    [batch + 1], lse [num_heads, total_q].
+    [batch + 1] (any integer dtype is accepted and converted to int32, values checked to fit), lse [num_heads, total_q].
 
 dtypes: float32, float16, bfloat16 (one dtype for q, k, v, dout, out); float32 accumulation; outputs in the input dtype.
 bfloat16 is either an ``ml_dtypes.bfloat16`` numpy array or a uint16 array of bit patterns with ``dtype="bfloat16"``.
@@ -140,6 +140,56 @@ def _with_stream(o: L.AttentionOptions, args: list[TensorArg]) -> L.AttentionOpt
     return o
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _cu_seqlens(x: Any, name: str) -> TensorArg:
+    """cu_seqlens as an int32 tensor view. int32 arrays/tensors are used as they are (no copy); other integer dtypes
+    (numpy's default int64, uint32, ...) and Python sequences of ints are converted to a new int32 array/tensor after
+    a bounds check (0..2**31 - 1), so the caller's object is never modified. Anything else is a TypeError naming the
+    argument."""
+    if x is None:
+        raise TypeError(f"flashkv: argument '{name}': expected an int32 array or tensor [batch + 1], got None")
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and not isinstance(x, np.ndarray) and callable(getattr(x, "data_ptr", None)):  # torch
+        tname = str(dtype)
+        if tname == "torch.int32":
+            return to_tensor(x, name)
+        if tname not in ("torch.int64", "torch.int16", "torch.int8", "torch.uint8"):
+            raise TypeError(f"flashkv: argument '{name}': expected an int32 (or integer) tensor, got {tname}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) > _INT32_MAX):
+            raise ValueError(
+                f"flashkv: argument '{name}': expected values in 0..{_INT32_MAX} (converted to int32), got "
+                f"min {int(x.min())}, max {int(x.max())}"
+            )
+        return to_tensor(x.to(dtype=_torch_int32()), name)
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__"):
+            return to_tensor(x, name)  # the adapter's own checks and messages
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"flashkv: argument '{name}': expected an int32 array [batch + 1], got {type(x).__name__}") from e
+    if x.dtype == np.int32:
+        return to_tensor(x, name)
+    if x.dtype.kind not in "iu":
+        raise TypeError(
+            f"flashkv: argument '{name}': expected an int32 (or integer, converted) array [batch + 1], got {x.dtype}"
+        )
+    if x.size and (int(x.min()) < 0 or int(x.max()) > _INT32_MAX):
+        raise ValueError(
+            f"flashkv: argument '{name}': expected values in 0..{_INT32_MAX} (converted to int32), got "
+            f"min {int(x.min())}, max {int(x.max())}"
+        )
+    return to_tensor(np.ascontiguousarray(x, dtype=np.int32), name)
+
+
+def _torch_int32() -> Any:
+    import torch  # noqa: PLC0415
+
+    return torch.int32
+
+
 def _max_seqlen(cu: TensorArg, given: int | None, name: str) -> int:
     if given is not None:
         return int(given)
@@ -255,12 +305,13 @@ def attention_varlen(
     """Varlen (packed) forward: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against the matching k/v rows.
 
     q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32 [batch + 1]
-    (0 first, non-decreasing, last = total). max_seqlen_q/k default to the longest sequence (computed from CPU
+    (0 first, non-decreasing, last = total; other integer dtypes such as numpy's default int64, and lists of ints,
+    are converted to int32 after a bounds check). max_seqlen_q/k default to the longest sequence (computed from CPU
     cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
     [num_heads, total_q] float32 if return_lse). Mask and options as in `attention`, per sequence.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
-    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
     _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
@@ -305,7 +356,7 @@ def attention_varlen_backward(
         deterministic=deterministic,
     )
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
-    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
     dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])

@@ -136,8 +136,12 @@ def test_varlen_errors(rng):
         flashkv.attention_varlen(q, kv, kv, np.array([0, 4, 9], np.int32), ck)  # last != total_q
     with pytest.raises(TypeError, match=names("cu_seqlens_k")):
         flashkv.attention_varlen(q, kv, kv, cq, ck.astype(np.float32))
-    with pytest.raises(TypeError, match=names("cu_seqlens_k")):
-        flashkv.attention_varlen(q, kv, kv, cq, ck.astype(np.int64))
+    with pytest.raises(ValueError, match=names("cu_seqlens_k")):
+        flashkv.attention_varlen(q, kv, kv, cq, np.array([0, 5, 2**31], np.int64))  # does not fit int32
+    with pytest.raises(ValueError, match=names("cu_seqlens_q")):
+        flashkv.attention_varlen(q, kv, kv, np.array([-1, 4, 10], np.int64), ck)
+    with pytest.raises(TypeError, match=names("cu_seqlens_q")):
+        flashkv.attention_varlen(q, kv, kv, [0.0, 4.0, 10.0], ck)
     with pytest.raises(ValueError, match=names("cu_seqlens_k")):
         flashkv.attention_varlen(q, kv, kv, cq, np.array([0, 12], np.int32))  # batch differs
     with pytest.raises(ValueError, match=names("max_seqlen_q")):
