@@ -34,12 +34,40 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import _library as L
 from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
+
+
+_INT32_MAX_ARG = 2**31 - 1
+
+
+def _int_arg(value: Any, name: str, lo: int, hi: int = _INT32_MAX_ARG) -> int:
+    """An integer argument (int or numpy integer, not bool/float/str) in [lo, hi]: the C ABI stores int32/int64, so a
+    value outside the range must be an error, never a silent wrap-around or truncation."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"flashkv: argument '{name}': expected an int in {lo}..{hi}, got {v}")
+    return v
+
+
+def _bool_arg(value: Any, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and int(value) in (0, 1)):
+        return bool(value)
+    raise TypeError(f"flashkv: argument '{name}': expected a bool, got {type(value).__name__} {value!r}")
+
+
+def _float_arg(value: Any, name: str, what: str) -> float:
+    """A real number (Python or numpy float/int, not bool or str)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"flashkv: argument '{name}': expected {what}, got {type(value).__name__}")
+    return float(value)
 
 
 def _options(
@@ -53,32 +81,28 @@ def _options(
 ) -> L.AttentionOptions:
     o = L.default_options()
     try:
-        left, right = (int(w) for w in window_size)
+        left, right = window_size
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"flashkv: argument 'window_size': expected a pair (left, right) of ints (-1 = unbounded), got "
             f"{window_size!r}"
         ) from e
+    left = _int_arg(left, "window_size[0]", -(2**31))  # the library reports < -1 with its own message
+    right = _int_arg(right, "window_size[1]", -(2**31))
     if algorithm not in L.ALGORITHMS:
         raise ValueError(
             f"flashkv: argument 'algorithm': expected one of {', '.join(L.ALGORITHMS)}, got {algorithm!r}"
         )
-    o.causal = 1 if causal else 0
+    o.causal = 1 if _bool_arg(causal, "causal") else 0
     o.window_size_left, o.window_size_right = left, right
-    if not isinstance(softcap, (int, float)):
-        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
-    o.softcap = float(softcap)
+    o.softcap = _float_arg(softcap, "softcap", "a float")
     if softmax_scale is not None:
-        if not isinstance(softmax_scale, (int, float)):
-            raise TypeError(
-                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
-            )
         o.has_softmax_scale = 1
-        o.softmax_scale = float(softmax_scale)
+        o.softmax_scale = _float_arg(softmax_scale, "softmax_scale", "a float or None")
         if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
             raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
     o.algorithm = L.ALGORITHMS[algorithm]
-    o.num_threads = int(num_threads)
+    o.num_threads = _int_arg(num_threads, "num_threads", 0)
     o.deterministic = 1 if deterministic else 0
     return o
 
@@ -192,7 +216,7 @@ def _torch_int32() -> Any:
 
 def _max_seqlen(cu: TensorArg, given: int | None, name: str) -> int:
     if given is not None:
-        return int(given)
+        return _int_arg(given, name, 0, 2**63 - 1)
     if len(cu.shape) != 1 or cu.shape[0] < 2 or cu.device != "cpu":
         if cu.device != "cpu":
             raise ValueError(f"flashkv: argument '{name}': expected an int for device tensors, got None")
