@@ -331,6 +331,7 @@ int run(const BenchArgs& a) {
 
 void register_bench_attention(CLI::App& root) {
   CLI::App* bench = group(root, "bench", "Benchmarks (results: bench/results/)");
+  bench->require_subcommand(1);  // `flashkv bench` alone: "a subcommand is required", exit 2 (was: nothing, exit 0)
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench->add_subcommand("attention", "Time naive vs v1 vs v2 (tiled) exact attention forward");
   add_count_list_option(cmd, "--seqlen", args->seqlens, "sequence lengths (seqlen_q = seqlen_k), comma separated; 4k = 4096",

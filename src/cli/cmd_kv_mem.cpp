@@ -173,7 +173,7 @@ void run(Args a) {
     weights = parse_bytes(a.weights, "--weights");
     weights_note = "--weights";
   }
-  const int64_t tokens = flashkv::cli::parse_count(a.tokens, "--tokens", 0);
+  const int64_t tokens = flashkv::cli::parse_count(a.tokens, "--tokens", 1);
   const int64_t memory = a.memory.empty() ? 0 : parse_bytes(a.memory, "--memory");
   check_countable(a, tokens);
   std::vector<std::string> formats;

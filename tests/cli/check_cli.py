@@ -160,6 +160,9 @@ def check_parsing(binary):
         (["kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16,"], "--kv-cache"),
         (["kv-mem", "--model", "llama-3-8b", "--tokens", "1.5k"], "--tokens"),
         (["kv-mem", "--model", "llama-3-8b", "--page-size", "3"], "page_size"),
+        (["kv-mem", "--model", "llama-3-8b", "--tokens", "0"], "--tokens"),
+        (["bench"], "subcommand"),
+        (["explain"], "subcommand"),
         # item 5: sizes whose byte counts overflow int64 are refused, never printed as negative or tiny numbers
         (["kv-mem", "--tokens", "2147483647k", "--batch", "2147483647", "--model", "llama-3-8b", "--kv-cache", "bf16"],
          "--tokens/--batch"),
