@@ -270,6 +270,21 @@ void run_all_pokes(const NfCase& c, uint64_t salt) {
 
 // ---- the cases ---------------------------------------------------------------------------------------------------
 
+/// One sequence of (sq, sk), h/hk heads, d = dv; the poke in sequence 0, query head `head`.
+NfCase single(const char* name, int64_t sq, int64_t sk, int64_t h, int64_t hk, int64_t d, int64_t head) {
+  NfCase c;
+  c.name = name;
+  c.batch = 1;
+  c.seq = 0;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.h = h;
+  c.hk = hk;
+  c.head = head;
+  c.d = c.dv = d;
+  return c;
+}
+
 TEST(NonFinite, CausalGqaDense) {
   NfCase c;
   c.name = "causal b=2 s=150 h=4/2 d=32";  // key 70 sits in the diagonal tile of query block 0 (rows 0..127)
@@ -289,16 +304,8 @@ TEST(NonFinite, WindowedDenseSeqlenQNeSeqlenK) {
 }
 
 TEST(NonFinite, NonCausalSoftcapMha) {
-  NfCase c;
-  c.name = "full softcap=5 b=1 s=70/90 h=2/2 d=16";
+  NfCase c = single("full softcap=5 b=1 s=70/90 h=2/2 d=16", 70, 90, 2, 2, 16, 1);
   c.causal = false;
-  c.batch = 1;
-  c.seq = 0;
-  c.seqlen_q = 70;
-  c.seqlen_k = 90;
-  c.h = c.hk = 2;
-  c.head = 1;
-  c.d = c.dv = 16;
   c.softcap = 5.0f;  // +inf scores become softcap: finite rows
   c.key = 33;
   c.query = 50;
@@ -308,16 +315,7 @@ TEST(NonFinite, NonCausalSoftcapMha) {
 TEST(NonFinite, CausalMoreQueriesThanKeysEmptyRows) {
   // causal sq = 150 > sk = 40: rows 0..109 see no key; a NaN in such a row's q (or dout) must leave out = 0,
   // lse = −inf and every gradient it would reach untouched.
-  NfCase c;
-  c.name = "causal sq=150 sk=40 b=1 h=2/1 d=16";
-  c.batch = 1;
-  c.seq = 0;
-  c.seqlen_q = 150;
-  c.seqlen_k = 40;
-  c.h = 2;
-  c.hk = 1;
-  c.head = 1;
-  c.d = c.dv = 16;
+  NfCase c = single("causal sq=150 sk=40 b=1 h=2/1 d=16", 150, 40, 2, 1, 16, 1);
   c.key = 20;
   for (int64_t query : {int64_t{60}, int64_t{130}}) {  // an empty row, then a row that sees keys 0..20
     c.query = query;
@@ -353,14 +351,7 @@ TEST(NonFinite, AllVisibleScoresMinusInfGiveNaN) {
   // Window (0, 0): row i sees key i only. k_i = −inf in a channel where q_i > 0 makes its one score −inf:
   // exp(−inf − (−inf)) = NaN, so the row is NaN with a NaN lse — not the "no visible key" (0, −inf) answer.
   for (Algorithm alg : kAlgorithms) {
-    NfCase c;
-    c.name = "window(0,0) b=1 s=100 h=1/1 d=16";
-    c.batch = 1;
-    c.seq = 0;
-    c.seqlen_q = c.seqlen_k = 100;
-    c.h = c.hk = 1;
-    c.head = 0;
-    c.d = c.dv = 16;
+    NfCase c = single("window(0,0) b=1 s=100 h=1/1 d=16", 100, 100, 1, 1, 16, 0);
     c.causal = false;
     c.wl = c.wr = 0;
     c.key = c.query = 37;
@@ -415,16 +406,7 @@ TEST(NonFinite, LogitsThatOverflowFloat32AreInfNotMasked) {
 
 TEST(NonFinite, MinusInfLseOnlyForRowsWithoutKeys) {
   // Over every case above: a −inf lse appears exactly where the row sees no key.
-  NfCase c;
-  c.name = "causal sq=150 sk=40";
-  c.batch = 1;
-  c.seq = 0;
-  c.seqlen_q = 150;
-  c.seqlen_k = 40;
-  c.h = 2;
-  c.hk = 1;
-  c.head = 0;
-  c.d = c.dv = 16;
+  NfCase c = single("causal sq=150 sk=40", 150, 40, 2, 1, 16, 0);
   for (Algorithm alg : kAlgorithms) {
     for (Poke p : {Poke::k_nan, Poke::q_nan, Poke::k_neg_inf}) {
       std::mt19937_64 rng = make_rng(0x7009);
