@@ -28,6 +28,27 @@
 //   masking.
 // EDGES: a query row with no visible key gets out = 0 exactly, lse = −inf and zero gradients; seqlen_k = 0 gives zeros.
 //   Masking never produces NaN; logits of any finite magnitude are handled.
+//
+// NON-FINITE INPUTS (NaN, ±inf; every algorithm, forward and backward, dense and varlen, every device). Let J_i be the
+//   keys query row i sees (the MASK rule, within its sequence). Masked keys are exactly absent: nothing about them
+//   (their K, V, NaN or inf) affects row i. Over J_i the result is the definition evaluated in IEEE arithmetic with
+//   float32 accumulation and a NaN-propagating max:
+//     s_ij = softcap(softmax_scale · q_i·k_j);  m_i = max_{j∈J_i} s_ij (NaN if any s_ij is NaN);
+//     p_ij = exp(s_ij − m_i);  l_i = Σ_j p_ij;  out_i = Σ_j p_ij v_j / l_i;  lse_i = m_i + log l_i.
+//   Hence, per row:
+//     J_i empty                                  -> out_i = 0, lse_i = −inf (the only case with lse = −inf)
+//     a visible s_ij NaN or +inf                 -> out_i all NaN, lse_i NaN   (+inf: exp(inf − inf) = NaN)
+//     every visible s_ij = −inf                  -> out_i all NaN, lse_i NaN   (exp(−inf − (−inf)) = NaN)
+//     some, not all, visible s_ij = −inf         -> those keys get p = 0 exactly; the rest is normal
+//     v_jc NaN/inf for a visible j               -> out_ic NaN or ±inf (IEEE; 0·inf = NaN); lse_i unaffected
+//     rows that do not see the bad key           -> unaffected (the same bits as without it)
+//   A score is ±inf when q·k leaves the float32 range (|q·k| > 3.4e38) or an input is ±inf; softcap maps ±inf to
+//   ±softcap (finite). Backward (from out and lse as the forward returns them): P_ij = exp(s_ij − lse_i) for j ∈ J_i
+//   and exactly 0 otherwise, D_i = Σ_c dout_ic·out_ic, dS_ij = P_ij (dP_ij − D_i) (softcap: times 1 − tanh²) for
+//   j ∈ J_i and exactly 0 otherwise, dv_j = Σ_{i: j∈J_i} P_ij dout_i, dq_i = scale Σ_{j∈J_i} dS_ij k_j,
+//   dk_j = scale Σ_{i: j∈J_i} dS_ij q_i — evaluated in IEEE arithmetic, so a NaN/inf reaches exactly the gradients
+//   whose sums contain it (a masked pair is never 0·x). Nothing is checked or reported: like FlashAttention and
+//   PyTorch, the library propagates non-finite values instead of raising.
 // GQA/MQA: num_heads % num_heads_kv == 0; query head h reads kv head h / (num_heads / num_heads_kv).
 //
 // ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch

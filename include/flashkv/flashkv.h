@@ -12,7 +12,10 @@
  *
  * TENSORS: flashkv_tensor is a non-owning strided view; shape/strides in ELEMENTS; device FLASHKV_DEVICE_CUDA with
  * device_index names a CUDA device pointer (streams travel in the options struct as void*).
- * Shapes, dtypes and semantics are those of include/flashkv/attention.hpp.
+ * Shapes, dtypes and semantics are those of include/flashkv/attention.hpp, including NON-FINITE INPUTS there: NaN
+ * and ±inf propagate as in IEEE arithmetic over the keys each query row sees (a row whose visible scores include a
+ * NaN or +inf gets NaN out and lse; masked keys never matter; lse = −inf only for rows that see no key); they are
+ * not reported as errors.
  */
 #ifndef FLASHKV_H_
 #define FLASHKV_H_

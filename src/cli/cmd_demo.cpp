@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/demo.hpp"
 #include "eval/report.hpp"
 #include "flashkv/engine.hpp"
@@ -35,13 +37,12 @@ void run(const DemoArgs& a) {
   o.steps = a.steps;
   o.samples = a.samples;
   o.seed = a.seed;
-  if (!a.kv_cache.empty()) {
-    for (const auto& item : a.kv_cache) {
-      std::istringstream ss(item);
-      std::string w;
-      while (ss >> w) o.formats.push_back(eval::parse_format_item(w));
+  if (!a.kv_cache.empty()) {  // given: items separated by spaces and/or commas, none empty (util_parse.hpp)
+    for (const std::string& w : flashkv::cli::parse_kv_format_list(a.kv_cache, "--kv-cache")) {
+      o.formats.push_back(eval::parse_format_item(w));
     }
   }
+  flashkv::cli::check_output_file(a.json, "--json");  // before the minutes of work, not after
   LoadedModel lm = load_model_with_tokenizer(model, tokenizer);
   const ModelConfig& c = lm.model.config;
   eval::ProgressBar bar(a.progress || ::isatty(STDERR_FILENO), "tokens");
@@ -86,8 +87,10 @@ void register_demo(CLI::App& root) {
   sub->add_option("--model", args->model, "checkpoint (default: the shipped model in $FLASHKV_MODELS_DIR or ../shared/models)");
   sub->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file");
   sub->add_option("--prompt", args->prompt, "prompt text (default: none, generate from BOS)");
-  sub->add_option("--steps", args->steps, "tokens to generate per format (default: up to the context end)");
-  sub->add_option("--samples", args->samples, "extra sampled sequences for the teacher-forced metrics (default 7)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps,
+                                 "tokens to generate per format (default 0: up to the context end)", 0, 1 << 30);
+  flashkv::cli::add_count_option(sub, "--samples", args->samples,
+                                 "extra sampled sequences for the teacher-forced metrics (default 7)", 0, 1 << 20);
   sub->add_option("--seed", args->seed, "sampling seed (default 1)");
   sub->add_option("--kv-cache", args->kv_cache, "formats (default: fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r32; KIVI G = min(32, head_dim))")
       ->expected(1, -1);

@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/demo.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/report.hpp"
@@ -32,6 +35,12 @@ void run(CLI::App* group, const EvalArgs& a) {
     if (sub->get_name() == "kv" && sub->parsed()) return;
   if (a.model.empty()) throw Error("model", "--model PATH (checkpoint to evaluate), or the subcommand `eval kv`", "nothing");
   if (!a.text_file.empty() && !a.tokens_file.empty()) throw Error("text/tokens", "at most one of --text and --tokens", "both");
+  for (const auto& [path, option] : {std::pair{a.text_file, "--text"}, std::pair{a.tokens_file, "--tokens"}}) {
+    if (!path.empty() && !std::filesystem::is_regular_file(path)) {
+      throw Error(option, "a readable file", "'" + path + "' (" +
+                  (std::filesystem::exists(path) ? "not a regular file" : "no such file") + ")", Status::io);
+    }
+  }
   KVCacheSpec defaults;
   defaults.residual = a.residual;
   defaults.sinks = a.sinks;
@@ -39,11 +48,14 @@ void run(CLI::App* group, const EvalArgs& a) {
   defaults.rotate = a.rotate == "hadamard";
   defaults.page_size = a.page_size;
   std::vector<KVCacheSpec> specs;
-  for (const auto& item : a.kv_cache) {
-    std::istringstream ss(item);  // also accept one quoted, space-separated list
-    std::string w;
-    while (ss >> w) specs.push_back(eval::parse_format_item(w, defaults));
+  if (!a.kv_cache.empty()) {  // given: items separated by spaces and/or commas, none empty (util_parse.hpp)
+    for (const std::string& w : flashkv::cli::parse_kv_format_list(a.kv_cache, "--kv-cache")) {
+      specs.push_back(eval::parse_format_item(w, defaults));
+    }
   }
+  // every output path is checked before the model is loaded and the evaluation runs
+  flashkv::cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
+  flashkv::cli::check_output_file(a.plot, "--plot");
   LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   if (specs.empty()) specs = eval::demo_formats(c.head_dim);
@@ -104,16 +116,18 @@ void register_eval(CLI::App& root) {
   g->add_option("--kv-cache", args->kv_cache,
                 "formats to compare: DTYPE[+rN][+sN][+hadamard][+pN] ... (e.g. int8 int4 int2_kivi+r32 k:int8,v:int4; default: the demo's list)")
       ->expected(1, -1);
-  g->add_option("--samples", args->samples, "sequences sampled from the fp32 model (default 8)");
-  g->add_option("--length", args->length, "tokens per sampled sequence (default: the model's context)");
+  using flashkv::cli::add_count_option;
+  add_count_option(g, "--samples", args->samples, "sequences sampled from the fp32 model (default 8)", 1, 1 << 20);
+  add_count_option(g, "--length", args->length, "tokens per sampled sequence (default 0: the model's context)", 0,
+                   1 << 30);
   g->add_option("--seed", args->seed, "sampling seed (default 1)");
   g->add_option("--text", args->text_file, "evaluate on this UTF-8 text instead (chunks of the context length)");
   g->add_option("--tokens", args->tokens_file, "evaluate on token ids: one sequence per line");
-  g->add_option("--batch", args->batch, "sequences decoded together (default: all)");
-  g->add_option("--residual", args->residual, "default residual window for every format");
-  g->add_option("--sinks", args->sinks, "default sink tokens for every format");
+  add_count_option(g, "--batch", args->batch, "sequences decoded together (default 0: all)", 0, 1 << 20);
+  add_count_option(g, "--residual", args->residual, "default residual window for every format", 0, 1 << 30);
+  add_count_option(g, "--sinks", args->sinks, "default sink tokens for every format", 0, 1 << 30);
   g->add_option("--rotate", args->rotate, "default rotation: none | hadamard");
-  g->add_option("--page-size", args->page_size, "tokens per cache page (default 32)");
+  add_count_option(g, "--page-size", args->page_size, "tokens per cache page (default 32)", 1, 1 << 20);
   g->add_option("--json", args->json, "write the results as JSON to this file ('-' = stdout)");
   g->add_option("--plot", args->plot, "write an SVG plot of mean KL vs effective bits to this file");
   g->add_flag("--progress", args->progress, "always show the progress bar (default: only on a terminal)");

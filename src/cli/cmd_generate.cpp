@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cli/util_kv_memory.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -43,12 +45,17 @@ void run(const GenerateArgs& a) {
   GenerationResult g = generate(engine, prompt, a.steps, sampler, stream);
   const double prefill_tps = g.prefill_seconds > 0 ? static_cast<double>(prompt.size()) / g.prefill_seconds : 0.0;
   const double decode_tps = g.decode_seconds > 0 ? g.decode_steps / g.decode_seconds : 0.0;
-  const double bf16_bytes = g.kv.bf16_bytes_per_token * static_cast<double>(g.kv.tokens);
+  // "vs bf16": one formula and wording with `flashkv kv-mem` (src/cli/util_kv_memory.hpp): a bf16 cache of the same
+  // shape, page size and tokens, pages counted on both sides.
+  const ModelConfig& mc = lm.model.config;
+  const double bf16_bytes = static_cast<double>(flashkv::cli::bf16_reference_bytes(
+      mc.n_layers, mc.num_heads_kv, mc.head_dim, spec.page_size, 1, static_cast<int64_t>(g.kv.tokens)));
   if (a.json) {
     nlohmann::json j = {{"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens}, {"text", tok.decode(g.tokens)},
                         {"stop", stop_reason_name(g.stop)}, {"kv_cache", spec.label()},
                         {"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
                         {"kv_bytes", g.kv.bytes}, {"kv_tokens", g.kv.tokens}, {"kv_bf16_bytes", bf16_bytes},
+                        {"kv_vs_bf16", flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes))},
                         {"kv_effective_bits", g.kv.effective_bits}, {"model_format", checkpoint_format_name(lm.model.format)}};
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -56,19 +63,22 @@ void run(const GenerateArgs& a) {
   std::printf("\n---\n");
   std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s\n", prompt.size(),
               prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop));
-  std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element) vs bf16 %.0f bytes (%.2fx smaller)\n",
-              spec.label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits, bf16_bytes,
-              g.kv.bytes > 0 ? bf16_bytes / static_cast<double>(g.kv.bytes) : 0.0);
+  std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element), %s (bf16: %.0f bytes)\n",
+              spec.label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
+              flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes)).c_str(), bf16_bytes);
 }
 
 void add_kv_options(CLI::App* sub, GenerateArgs& a) {
-  sub->add_option("--kv-cache", a.kv_cache, std::string("KV cache format (default fp32). ") + flashkv::kv_cache_dtype_grammar());
-  sub->add_option("--kv-k", a.kv_k, "K format (with --kv-v) instead of --kv-cache");
-  sub->add_option("--kv-v", a.kv_v, "V format (with --kv-k)");
-  sub->add_option("--residual", a.residual, "most recent tokens kept in bf16 (KIVI residual window)");
-  sub->add_option("--sinks", a.sinks, "first tokens kept in bf16");
+  using flashkv::cli::add_count_option;
+  using flashkv::cli::add_nonempty_option;
+  add_nonempty_option(sub, "--kv-cache", a.kv_cache,
+                      std::string("KV cache format (default fp32). ") + flashkv::kv_cache_dtype_grammar());
+  add_nonempty_option(sub, "--kv-k", a.kv_k, "K format (with --kv-v) instead of --kv-cache");
+  add_nonempty_option(sub, "--kv-v", a.kv_v, "V format (with --kv-k)");
+  add_count_option(sub, "--residual", a.residual, "most recent tokens kept in bf16 (KIVI residual window)", 0, 1 << 30);
+  add_count_option(sub, "--sinks", a.sinks, "first tokens kept in bf16", 0, 1 << 30);
   sub->add_option("--rotate", a.rotate, "none | hadamard (rotation before quantization)");
-  sub->add_option("--page-size", a.page_size, "tokens per cache page (power of two, 16-256)");
+  add_count_option(sub, "--page-size", a.page_size, "tokens per cache page (power of two, 16-256)", 1, 1 << 20);
 }
 
 void register_generate(CLI::App& root) {
@@ -77,10 +87,12 @@ void register_generate(CLI::App& root) {
   sub->add_option("--model", args->model, "checkpoint: llama2.c (.bin) or GGUF")->required();
   sub->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: the vocabulary embedded in a GGUF)");
   sub->add_option("--prompt", args->prompt, "prompt text (default: empty, start from BOS)");
-  sub->add_option("--steps", args->steps, "maximum number of tokens to generate (default 256; stops at BOS/EOS/context)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps,
+                                 "maximum number of tokens to generate (default 256; stops at BOS/EOS/context)", 1,
+                                 1 << 30);
   sub->add_option("--temperature", args->temperature, "0 = greedy (default 1.0)");
   sub->add_option("--top-p", args->top_p, "nucleus sampling threshold in (0, 1] (default 0.9)");
-  sub->add_option("--top-k", args->top_k, "keep the k most probable tokens (0 = off)");
+  flashkv::cli::add_count_option(sub, "--top-k", args->top_k, "keep the k most probable tokens (0 = off)", 0, 1 << 30);
   sub->add_option("--seed", args->seed, "sampler seed (default 42)");
   sub->add_flag("--json", args->json, "print one JSON object (tokens, text, speeds, KV bytes) instead of streaming");
   add_kv_options(sub, *args);

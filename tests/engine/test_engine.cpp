@@ -225,6 +225,7 @@ TEST(Engine, QuantizedCacheChangesLogitsBoundedly) {
 }
 
 TEST(Engine, ShippedModelGreedyFromBos) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   LoadedModel lm = load_model_with_tokenizer(model_path(), tokenizer_path());
   Engine e(lm.model, KVCacheSpec{}, 1);
   Sampler greedy(SamplerConfig{});

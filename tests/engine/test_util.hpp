@@ -20,6 +20,18 @@ inline std::string model_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); 
 inline std::string model_path() { return model_dir() + "/aidreams260K.bin"; }
 inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512.bin"; }
 
+/// "" when the shipped model and tokenizer are there; else why not (tests that need them skip with this message
+/// instead of failing or crashing on an empty file).
+inline std::string missing_models_reason() {
+  for (const std::string& p : {model_path(), tokenizer_path()}) {
+    if (!std::filesystem::is_regular_file(p)) {
+      return "shipped model file '" + p + "' not found: set FLASHKV_MODELS_DIR to the folder holding aidreams260K.bin "
+             "and aidreams260K.tok512.bin (default ../shared/models next to the source tree)";
+    }
+  }
+  return "";
+}
+
 inline uint64_t test_seed() {
   static const uint64_t seed = [] {
     const char* env = std::getenv("FLASHKV_TEST_SEED");
@@ -55,3 +67,9 @@ inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) 
 }
 
 }  // namespace flashkv::test
+
+/// First statement of a test that needs the shipped model: skips it (gtest SKIPPED, ctest "Skipped") when missing.
+#define FLASHKV_SKIP_WITHOUT_MODELS()                                                          \
+  do {                                                                                         \
+    if (const std::string why = ::flashkv::test::missing_models_reason(); !why.empty()) GTEST_SKIP() << why; \
+  } while (0)
