@@ -282,3 +282,74 @@ def test_kvcache_appends_past_capacity_are_dropped(rng):
     assert torch.equal(kc[0, 14:], kn[0, :2])
     ref, _ = attention_ref(q, kc[:, :16], vc[:, :16])
     assert max_err(out, ref) < 1e-5
+
+
+# ---- flash-attn signatures: names, order, defaults; every unsupported argument is an error naming it --------------
+
+FLASH_ATTN_SIGNATURES = {  # flash_attn 2.x flash_attn_interface.py (names, defaults) — the drop-in contract
+    "flash_attn_func": [("q", None), ("k", None), ("v", None), ("dropout_p", 0.0), ("softmax_scale", None),
+                        ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+                        ("deterministic", False), ("return_attn_probs", False)],
+    "flash_attn_varlen_func": [("q", None), ("k", None), ("v", None), ("cu_seqlens_q", None), ("cu_seqlens_k", None),
+                               ("max_seqlen_q", None), ("max_seqlen_k", None), ("dropout_p", 0.0),
+                               ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
+                               ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+                               ("return_attn_probs", False), ("block_table", None)],
+    "flash_attn_with_kvcache": [("q", None), ("k_cache", None), ("v_cache", None), ("k", None), ("v", None),
+                                ("rotary_cos", None), ("rotary_sin", None), ("cache_seqlens", None),
+                                ("cache_batch_idx", None), ("cache_leftpad", None), ("block_table", None),
+                                ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
+                                ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
+                                ("num_splits", 0), ("return_softmax_lse", False)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
+def test_flash_attn_signature(name):
+    import inspect
+
+    params = list(inspect.signature(getattr(ft, name)).parameters.values())
+    got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
+    assert got == FLASH_ATTN_SIGNATURES[name]
+    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)  # positional use works too
+
+
+def test_flash_attn_arguments_each_documented_one(rng):
+    q, k, v = rand(rng, (1, 12, 2, 16)), rand(rng, (1, 12, 2, 16)), rand(rng, (1, 12, 2, 16))
+    base = ft.flash_attn_func(q, k, v)
+    ref = lambda **o: attention_ref(q, k, v, **o)[0]  # noqa: E731
+    assert max_err(base, ref()) < 1e-5
+    assert max_err(ft.flash_attn_func(q, k, v, 0.0, 0.2), ref(softmax_scale=0.2)) < 1e-5  # positional softmax_scale
+    assert max_err(ft.flash_attn_func(q, k, v, causal=True), ref(causal=True)) < 1e-5
+    assert max_err(ft.flash_attn_func(q, k, v, window_size=(3, 1)), ref(window_size=(3, 1))) < 1e-5
+    assert max_err(ft.flash_attn_func(q, k, v, softcap=2.0), ref(softcap=2.0)) < 1e-5
+    assert torch.equal(ft.flash_attn_func(q, k, v, deterministic=True), base)
+    out, lse, s = ft.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert torch.equal(out, base) and lse.shape == (1, 2, 12) and s.numel() == 0
+    for kwargs, arg in [({"dropout_p": 0.1}, "dropout_p"), ({"alibi_slopes": torch.ones(2)}, "alibi_slopes")]:
+        with pytest.raises(flashkv.UnsupportedError, match=f"'{arg}'"):
+            ft.flash_attn_func(q, k, v, **kwargs)
+    with pytest.raises(ValueError, match="'window_size'"):
+        ft.flash_attn_func(q, k, v, window_size=3)
+    with pytest.raises(TypeError, match="'q'"):
+        ft.flash_attn_func(q.double(), k.double(), v.double())
+    cu = torch.tensor([0, 12], dtype=torch.int32)
+    with pytest.raises(flashkv.UnsupportedError, match="'block_table'"):
+        ft.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 12, 12, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(TypeError, match="'max_seqlen_q'"):
+        ft.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 12.0, 12)
+    kc, vc = rand(rng, (1, 32, 2, 16)), rand(rng, (1, 32, 2, 16))
+    for kwargs, arg in [({"rotary_cos": torch.ones(1)}, "rotary_cos"), ({"rotary_sin": torch.ones(1)}, "rotary_sin"),
+                        ({"cache_batch_idx": torch.zeros(1, dtype=torch.int32)}, "cache_batch_idx"),
+                        ({"cache_leftpad": torch.zeros(1, dtype=torch.int32)}, "cache_leftpad"),
+                        ({"alibi_slopes": torch.ones(2)}, "alibi_slopes"), ({"window_size": (4, 0)}, "window_size")]:
+        with pytest.raises(flashkv.UnsupportedError, match=f"'{arg}'"):
+            ft.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, **kwargs)
+    with pytest.raises(ValueError, match="'v'"):
+        ft.flash_attn_with_kvcache(q, kc, vc, k=k)
+    with pytest.raises(ValueError, match="'num_splits'"):
+        ft.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, num_splits=300)
+    # window_size (-1, 0) is the causal mask; num_splits / rotary_interleaved accepted (no effect on the CPU result)
+    a = ft.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, window_size=(-1, 0), num_splits=3)
+    assert torch.equal(a, ft.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, causal=True))
+    assert max_err(a, attention_ref(q, kc[:, :20], vc[:, :20], causal=True)[0]) < 1e-5
