@@ -10,7 +10,8 @@ varlen_fwd) and merges the partial results with the log-sum-exp combine of split
 The backward recomputes each block's gradients with flashkv's FA2 backward from the final out and lse (exact: the
 block's P = exp(S - lse) and D = rowsum(dout * out) are the global ones); dQ stays local, dK/dV accumulators travel
 around the ring with their K/V block and arrive back at the block's owner after a full turn. Sums run in a fixed ring
-order (deterministic for a given world size) in float32.
+order (deterministic for a given world size) in float32. The K/V transfers overlap the attention calls in both
+passes; the dK/dV accumulator transfers of the backward do not (they need the step's result).
 
     out = ring_attention(q, k, v, causal=True)                       # q [batch, s_local, num_heads, head_dim]
     out, lse = ring_attention(q, k, v, causal=True, return_lse=True)
@@ -200,20 +201,22 @@ class _RingAttention(torch.autograd.Function):
         dv_acc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         kv = (k, v)
         for step in range(ring.world):
+            reqs_kv = []
+            if step + 1 < ring.world:  # the next K/V block moves while this one's gradients are computed
+                rows = _rows_of(ring, ring.src(step + 1), varlen)
+                shapes = [((rows, *x.shape[1:]) if varlen else (x.shape[0], rows, *x.shape[2:])) for x in kv]
+                next_kv, reqs_kv = ring.exchange(list(kv), shapes)
             _block_backward(ring, step, dout, q, kv, out, lse, dq, dk_acc, dv_acc, softmax_scale, causal, softcap,
                             sharding, varlen, layout, max_seqlen)
-            # the block and its gradient accumulators move on together; after the last step only the
-            # accumulators travel, arriving at the block's owner (rank + 1 holds block rank + 1 ... back home)
-            send = [dk_acc, dv_acc] + (list(kv) if step + 1 < ring.world else [])
-            src_next = ring.src(step + 1)
-            rows = _rows_of(ring, src_next, varlen)
-            shapes = [((rows, *x.shape[1:]) if varlen else (x.shape[0], rows, *x.shape[2:])) for x in send]
-            bufs, reqs = ring.exchange(send, shapes)
-            for req in reqs:
+            # the block's dK/dV accumulators follow it; after the last step they arrive at the block's owner
+            rows = _rows_of(ring, ring.src(step + 1), varlen)
+            shapes = [((rows, *x.shape[1:]) if varlen else (x.shape[0], rows, *x.shape[2:])) for x in (dk_acc, dv_acc)]
+            bufs, reqs = ring.exchange([dk_acc, dv_acc], shapes)
+            for req in reqs + reqs_kv:
                 req.wait()
-            dk_acc, dv_acc = bufs[0], bufs[1]
+            dk_acc, dv_acc = bufs
             if step + 1 < ring.world:
-                kv = (bufs[2], bufs[3])
+                kv = tuple(next_kv)
         return (dq.to(q.dtype), dk_acc.to(k.dtype), dv_acc.to(v.dtype)) + (None,) * 8
 
 
