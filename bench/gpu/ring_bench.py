@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -25,19 +26,12 @@ import flashkv.torch as ft  # noqa: E402
 from flashkv.torch import distributed as fd  # noqa: E402
 
 
+DEV = "cuda"
+
+
 def timed(fn, reps, group=None):
-    fn()
-    torch.cuda.synchronize()
     dist.barrier(group)
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    t = torch.tensor([statistics.median(ts)], device="cuda")
+    t = torch.tensor([_local_timed(fn, reps)], device=DEV)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t)
 
@@ -48,20 +42,26 @@ def main():
     p.add_argument("--sizes", default="131072,262144,524288,1048576")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-single", action="store_true", help="skip the 1-GPU baseline")
+    p.add_argument("--smoke", action="store_true", help="gloo + CPU tensors, tiny sizes: checks the script only")
     args = p.parse_args()
-    dist.init_process_group("nccl")
+    global DEV
+    if args.smoke:
+        DEV, args.sizes = "cpu", "512,1024"
+    dist.init_process_group("gloo" if args.smoke else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if not args.smoke:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    gpu = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)"
     h, d = 16, 128
     rows = []
     for s in (int(x) for x in args.sizes.split(",")):
         for causal in (True, False):
             sharding = "zigzag" if causal else "contiguous"
             n = s // world
-            g = torch.Generator(device="cuda").manual_seed(rank)
-            q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+            g = torch.Generator(device=DEV).manual_seed(rank)
+            q, k, v = (torch.randn(1, n, h, d, device=DEV, dtype=torch.bfloat16, generator=g).requires_grad_(True)
                        for _ in range(3))
-            dout = torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            dout = torch.randn(1, n, h, d, device=DEV, dtype=torch.bfloat16, generator=g)
             flops = 4 * h * s * s * d / (2 if causal else 1)
             row = {"seqlen": s, "causal": causal, "world": world, "sharding": sharding, "fwd_flops": flops}
 
@@ -82,14 +82,15 @@ def main():
             row["overlap_eff_fwd"] = row["compute_fwd_s"] / row["ring_fwd_s"]
             row["overlap_eff_fwd_bwd"] = row["compute_fwd_bwd_s"] / row["ring_fwd_bwd_s"]
             del q, k, v, dout
-            torch.cuda.empty_cache()
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
             if not args.no_single:
-                one = torch.zeros(2, device="cuda")
+                one = torch.zeros(2, device=DEV)
                 if rank == 0:
                     try:
-                        Q, K, V = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+                        Q, K, V = (torch.randn(1, s, h, d, device=DEV, dtype=torch.bfloat16).requires_grad_(True)
                                    for _ in range(3))
-                        G = torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16)
+                        G = torch.randn(1, s, h, d, device=DEV, dtype=torch.bfloat16)
 
                         def f1():
                             with torch.no_grad():
@@ -102,7 +103,8 @@ def main():
                         del Q, K, V, G
                     except torch.cuda.OutOfMemoryError:
                         one[:] = float("nan")
-                    torch.cuda.empty_cache()
+                    if DEV == "cuda":
+                        torch.cuda.empty_cache()
                 dist.broadcast(one, 0)
                 row["single_fwd_s"], row["single_fwd_bwd_s"] = float(one[0]), float(one[1])
                 row["speedup_fwd"] = row["single_fwd_s"] / row["ring_fwd_s"]
@@ -114,8 +116,8 @@ def main():
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "ring_bench.json"), "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
-        lines = [f"# ring attention, {world}x {torch.cuda.get_device_name()} (hd128, 16 heads, bf16)", "",
+            json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, f, indent=1)
+        lines = [f"# ring attention, {world}x {gpu} (hd128, 16 heads, bf16)", "",
                  "| seqlen | causal | fwd ring ms | fwd 1-GPU ms | speedup | overlap | fwd+bwd ring ms | fwd+bwd 1-GPU ms "
                  "| speedup | overlap |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -133,6 +135,13 @@ def main():
 
 def _local_timed(fn, reps):
     fn()
+    if DEV != "cuda":  # --smoke: wall clock on the CPU
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
     torch.cuda.synchronize()
     ts = []
     for _ in range(reps):

@@ -26,9 +26,19 @@ import flashkv
 import flashkv.torch as ft
 
 
+DEV = "cuda"
+
+
 def timed(fn, reps, warmup=2):
     for _ in range(warmup):
         fn()
+    if DEV != "cuda":  # --smoke on the CPU: wall clock
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -45,14 +55,15 @@ def training_step(args):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    s = 2048 if args.quick else 8192
-    cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=8,
+    s = 128 if args.smoke else 2048 if args.quick else 8192
+    hid, inter = (256, 512) if args.smoke else (2048, 8192)
+    cfg = LlamaConfig(hidden_size=hid, intermediate_size=inter, num_attention_heads=hid // 128, num_key_value_heads=hid // 256,
                       head_dim=128, max_position_embeddings=s, attn_implementation="sdpa")
     torch.manual_seed(0)
-    layer = LlamaDecoderLayer(cfg, layer_idx=0).cuda().to(torch.bfloat16).train()
-    rope = LlamaRotaryEmbedding(cfg).cuda()
-    x = torch.randn(1, s, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    pos = torch.arange(s, device="cuda")[None]
+    layer = LlamaDecoderLayer(cfg, layer_idx=0).to(DEV, torch.bfloat16).train()
+    rope = LlamaRotaryEmbedding(cfg).to(DEV)
+    x = torch.randn(1, s, hid, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    pos = torch.arange(s, device=DEV)[None]
     pe = rope(x, pos)
     rows = []
     for impl in ("sdpa", "flashkv"):
@@ -64,11 +75,12 @@ def training_step(args):
             y.float().square().mean().backward()
 
         rows.append({"what": f"Llama layer fwd+bwd, {impl}", "tokens": s, "seconds": timed(step, args.reps)})
-    b, h, d = 1, 16, 128
-    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(b, s, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(b, s, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    b, h, d = 1, cfg.num_attention_heads, 128
+    hkv = cfg.num_key_value_heads
+    q = torch.randn(b, s, h, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, hkv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, hkv, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(b, s, h, d, device=DEV, dtype=torch.bfloat16)
     flops = 4 * b * h * s * s * d / 2 * 3.5  # causal fwd + bwd (2.5x)
 
     def fa():
@@ -88,15 +100,15 @@ def training_step(args):
 def generation(args):
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=2 if args.smoke else 30,
                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=2048,
                       tie_word_embeddings=True, attn_implementation="sdpa")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
-    prompt, new = (128, 32) if args.quick else (512, 128)
+    model = LlamaForCausalLM(cfg).to(DEV, torch.bfloat16).eval()
+    prompt, new = (16, 4) if args.smoke else (128, 32) if args.quick else (512, 128)
     rows = []
     for batch in (1, 32):
-        ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device="cuda")
+        ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=DEV)
         variants = [
             ("sdpa", "DynamicCache", lambda: DynamicCache(config=model.config)),
             ("sdpa", "StaticCache", lambda: StaticCache(config=model.config, max_cache_len=prompt + new)),
@@ -125,9 +137,12 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/flashkv-torch-bench"))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script, times nothing)")
     args = p.parse_args()
+    global DEV
+    DEV = "cpu" if args.smoke else "cuda"
     os.makedirs(args.out, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "flashkv": flashkv.__version__,
+    meta = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)", "torch": torch.__version__, "flashkv": flashkv.__version__,
             "library": flashkv.library_path(), "python": platform.python_version(), "time": time.ctime(),
             "quick": args.quick}
     try:
