@@ -259,3 +259,20 @@ def test_errors_name_the_problem(rng):
     with pytest.raises(flashkv.CapacityError):
         model.generate(ids, max_new_tokens=40, do_sample=False, past_key_values=ft.PagedCache(model.config,
                                                                                               max_cache_len=16))
+
+
+def test_pages_backend_on_cpu_equals_sdpa(rng):
+    """backend="pages" is the CUDA path (torch pages, fused append in paged_decode, the left-padding roll through
+    kv_append) run with the CPU operators: float32 greedy tokens equal sdpa's, padded rows included."""
+    model = tiny_llama(rng)
+    ids, mask = prompts(rng)
+    ref = generate(model, "sdpa", ids, mask).sequences
+    cache = ft.PagedCache(model.config, kv_cache_dtype="fp32", max_cache_len=64, backend="pages")
+    got = generate(model, "flashkv", ids, mask, cache).sequences
+    assert torch.equal(got, ref), (ref[:, 20:], got[:, 20:])
+    assert cache.memory_report()["pages_used"] == 3 * 3  # 3 sequences x ceil(35 positions / 16)
+    nopad = generate(model, "flashkv", ids[:, 11:], None,
+                     ft.PagedCache(model.config, "fp32", max_cache_len=64, backend="pages")).sequences
+    assert torch.equal(nopad, generate(model, "sdpa", ids[:, 11:], None).sequences)
+    sd = generate(model, "sdpa", ids, mask, ft.PagedCache(model.config, "fp32", max_cache_len=64, backend="pages"))
+    assert torch.equal(sd.sequences, ref)  # the reference path (dense gather of the pages)

@@ -12,7 +12,7 @@ Backends, chosen by the device of the model's key states at the first update:
     * CPU tensors: flashkv.KVCache (the C++ paged cache): every kv_cache_dtype ("bf16", "fp16", "fp32", "fp8_e4m3",
       "fp8_e5m2", "int8", "int4", "int4_kivi", "int2_kivi", "_gN" group suffixes, "k:int8,v:int4" ...), residual
       window (residual_tokens most recent tokens kept bf16), attention sinks (sink_tokens), Hadamard rotation.
-    * CUDA tensors: pages of torch tensors [num_pages, page_size, num_heads_kv, head_dim] per layer, attended by
+    * CUDA tensors (or backend="pages"): pages of torch tensors [num_pages, page_size, num_heads_kv, head_dim] per layer, attended by
       flashkv's CUDA split-KV paged decode (torch.ops.flashkv.paged_decode, with the append fused in), for
       kv_cache_dtype "bf16"/"fp16" (the model's dtype). Quantized formats on CUDA raise flashkv.UnsupportedError
       until the KV cache has a CUDA backend.
@@ -108,12 +108,13 @@ class _CpuBackend:
         self.cache.close()
 
 
-class _CudaBackend:
-    """16-bit pages in torch tensors on the model's GPU, attended by flashkv's CUDA paged decode."""
+class _PagesBackend:
+    """16-bit pages in torch tensors on the model's device, attended by torch.ops.flashkv.paged_decode (CUDA split-KV
+    decode; on the CPU its gather + varlen implementation)."""
 
     def __init__(self, owner: "PagedCache", batch: int, dtype: torch.dtype, device: torch.device):
         o = owner
-        want = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(o.kv_cache_dtype)
+        want = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(o.kv_cache_dtype)
         if want is None:
             raise UnsupportedError(
                 f"flashkv: argument 'kv_cache_dtype': {o.kv_cache_dtype!r} on CUDA is not supported yet (the quantized "
@@ -226,7 +227,7 @@ class _PagedHandle:
                 raise ValueError("flashkv: argument 'attention_mask': PagedCache expects left padding (padding tokens "
                                  "before the real ones), got padding after a real token")
         be = owner.backend
-        if isinstance(be, _CudaBackend):
+        if isinstance(be, _PagesBackend):
             be.reserve(layer.logical_len + sq)
             if valid is None:
                 out = be.attend(layer.idx, q, scale, causal, window_left, softcap, k.contiguous(), v.contiguous())
@@ -271,7 +272,7 @@ class PagedLayer(CacheLayerMixin):
             key_states._flashkv_paged = h
             return key_states, value_states
         be = self.owner.backend
-        if isinstance(be, _CudaBackend):
+        if isinstance(be, _PagesBackend):
             be.reserve(self.logical_len + key_states.shape[2])
             be.append(self.idx, key_states.transpose(1, 2), value_states.transpose(1, 2),
                       torch.ones(key_states.shape[0], key_states.shape[2], dtype=torch.bool, device=key_states.device))
@@ -319,12 +320,20 @@ class PagedCache(Cache):
             default 16, or the format's group size when larger (KIVI formats: 32).
         residual_tokens, sink_tokens, rotation, rotation_seed: as flashkv.KVCache (CPU backend).
         capacity_pages, capacity_bytes: pool size (at most one).
+        backend: None (default: "kvcache" on the CPU, "pages" on CUDA), "kvcache" (flashkv.KVCache, CPU, every
+            format) or "pages" (16-bit torch pages + torch.ops.flashkv.paged_decode; kv_cache_dtype = the model's
+            dtype: "bf16"/"fp16", and "fp32" on the CPU). "pages" on the CPU runs the CUDA path's logic with the CPU
+            implementation of the operators (what the tests use to check it without a GPU).
     """
 
     def __init__(self, config: Any, kv_cache_dtype: str = "bf16", *, max_cache_len: Optional[int] = None,
                  page_size: Optional[int] = None, residual_tokens: int = 0, sink_tokens: int = 0, rotation: str = "none",
-                 rotation_seed: int = 0, capacity_pages: int = 0, capacity_bytes: int = 0):
+                 rotation_seed: int = 0, capacity_pages: int = 0, capacity_bytes: int = 0,
+                 backend: Optional[str] = None):
         text = _text_config(config)
+        if backend not in (None, "kvcache", "pages"):
+            raise ValueError(f"flashkv: argument 'backend': expected None, 'kvcache' or 'pages', got {backend!r}")
+        self._backend_choice = backend
         if not max_cache_len and not capacity_pages and not capacity_bytes:
             raise ValueError("flashkv: argument 'max_cache_len': expected the most tokens per sequence (prompt + new "
                              "tokens), or capacity_pages / capacity_bytes, got None")
@@ -360,8 +369,12 @@ class PagedCache(Cache):
             return
         b = key_states.shape[0]
         self._batch = b
-        if key_states.device.type == "cuda":
-            self.backend = _CudaBackend(self, b, key_states.dtype, key_states.device)
+        choice = self._backend_choice or ("pages" if key_states.device.type == "cuda" else "kvcache")
+        if choice == "kvcache" and key_states.device.type == "cuda":
+            raise UnsupportedError("flashkv: argument 'backend': 'kvcache' (flashkv.KVCache) runs on the CPU; CUDA "
+                                   "tensors use 'pages'")
+        if choice == "pages":
+            self.backend = _PagesBackend(self, b, key_states.dtype, key_states.device)
         elif key_states.device.type == "cpu":
             self.backend = _CpuBackend(self, b)
         else:
