@@ -81,6 +81,20 @@ enum class Algorithm : int32_t {
 };
 const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
 
+/// Which CUDA kernel family runs a call on a CUDA device (docs/gpu.md). The family is decided once per call, from the
+/// device and the build: `automatic` takes the sm90 (Hopper wgmma) kernels on a compute-capability-9.0 GPU when this
+/// build carries their sm_90a code and the head dim has one, else the sm80 (mma.sync, FA2-class) kernels; the
+/// environment variable FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean
+/// sm80. `sm80` / `sm90` ask for one family: a family the GPU or the build cannot run for this call (sm90 on a
+/// non-Hopper GPU, in a build without sm_90a code, or for a head dim it has no kernel for; v1_order, which exists only
+/// as sm80) is an UnsupportedError naming it, never a silent fallback. CPU tensors accept only `automatic`.
+enum class KernelFamily : int32_t {
+  automatic = 0,  ///< "auto"
+  sm80 = 1,       ///< "sm80": mma.sync + ldmatrix + cp.async (Ampere and later)
+  sm90 = 2,       ///< "sm90": wgmma (Hopper, sm_90a)
+};
+const char* kernel_family_name(KernelFamily f);  ///< "auto" | "sm80" | "sm90"
+
 struct AttentionOptions {
   std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim)
   bool causal = false;                 ///< bottom-right aligned; equivalent to window_size_right = 0
@@ -93,6 +107,7 @@ struct AttentionOptions {
                                        ///< FlashAttention) = float32 atomics. The CPU is always deterministic.
   int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
+  KernelFamily kernel_family = KernelFamily::automatic;  ///< CUDA: which kernel family runs (see KernelFamily)
 };
 
 /// Fixed-length forward. `lse` may be nullptr. See the file comment for shapes, mask and errors.
