@@ -122,6 +122,17 @@ struct BwdSmem {
   static constexpr int kBytes = kD + 2 * kBlockM * 4 + kAlign;
 };
 
+/// Addresses of a BwdSmem layout at a (suitably aligned) shared-memory base.
+template <class Smem>
+struct BwdSmemView {
+  uint32_t q, dO, k, v, p, ds;  ///< shared-state-space addresses
+  float* lse;
+  float* d;
+  __device__ __forceinline__ explicit BwdSmemView(char* smem)
+      : q(smem_addr(smem)), dO(q + Smem::kdO), k(q + Smem::kK), v(q + Smem::kV), p(q + Smem::kP), ds(q + Smem::kdS),
+        lse(reinterpret_cast<float*>(smem + Smem::kLse)), d(reinterpret_cast<float*>(smem + Smem::kD)) {}
+};
+
 /// The backward CTA's global operands and loads: K and V of the key block once, then per query block Q, dO, lse and D
 /// into buffer `buf` (TileCopy plans, cp.async).
 template <class T, class TileQ, class TileK, int kBlockM, int kThreads>
@@ -152,6 +163,15 @@ struct BwdLoads {
     const TileCopy<TileK, kThreads> k_copy(p.head_dim);
     k_copy.copy(sK, k, p.k_s.row, blk.rows_k);
     k_copy.copy(sV, v, p.v_s.row, blk.rows_k);
+  }
+  /// The key block's K and V and the first query block (one cp.async group); dK = dV = 0.
+  template <class View, class F>
+  __device__ __forceinline__ void prologue(const BwdParams& p, const BwdBlock& blk, const View& sm, F dk, F dv) const {
+    load_kv(p, blk, sm.k, sm.v);
+    if (blk.m_max > blk.m_min) load_q_block(p, blk, blk.m_min, 0, sm.q, sm.dO, sm.lse, sm.d);
+    cp_async_commit();
+    zero(dk);
+    zero(dv);
   }
   __device__ __forceinline__ void load_q_block(const BwdParams& p, const BwdBlock& blk, int m, int buf, uint32_t sQ,
                                                uint32_t sdO, float* sLse, float* sD) const {

@@ -90,33 +90,20 @@ struct BwdMainloop {
     const int m_min = blk.m_min, m_max = blk.m_max;
     const BwdLoads<T, TileQ, TileK, kBlockM, kThreads> io(p, blk);
 
-    const uint32_t sQ = smem_addr(smem);
-    const uint32_t sdO = sQ + Smem::kdO;
-    const uint32_t sK = sQ + Smem::kK;
-    const uint32_t sV = sQ + Smem::kV;
-    const uint32_t sP = sQ + Smem::kP;
-    const uint32_t sdS = sQ + Smem::kdS;
-    float* sLse = reinterpret_cast<float*>(smem + Smem::kLse);
-    float* sD = reinterpret_cast<float*>(smem + Smem::kD);
-
-    io.load_kv(p, blk, sK, sV);
-    if (m_max > m_min) io.load_q_block(p, blk, m_min, 0, sQ, sdO, sLse, sD);
-    cp_async_commit();
-
-    zero(acc.dk());
-    zero(acc.dv());
+    const BwdSmemView<Smem> sm(smem);
+    io.prologue(p, blk, sm, acc.dk(), acc.dv());
 
     // ldmatrix address tables, one per (tile, lane mapping); the warp's row offsets are folded into the row index and
     // the tile that shares a mapping is reached by a compile-time byte offset (V = K + TileK::kBytes, dO = Q +
     // 2 * TileQ::kBytes, dS = P + TileP::kBytes), which keeps the live address registers few.
     constexpr uint32_t kVOff = TileK::kBytes, kDoOff = 2 * TileQ::kBytes, kDsOff = TileP::kBytes;
-    const LdsmAddr<TileK> kA(sK, lane % 16 + nw1 * kNT1 * 16, lane / 16);
-    const LdsmAddr<TileQ> qB(sQ, (lane % 8) + (lane / 16) * 8 + mg * kMC, (lane / 8) % 2);
-    const LdsmAddr<TileP> pA(sP, lane % 16 + nw2 * kNT2 * 16, lane / 16);
+    const LdsmAddr<TileK> kA(sm.k, lane % 16 + nw1 * kNT1 * 16, lane / 16);
+    const LdsmAddr<TileQ> qB(sm.q, (lane % 8) + (lane / 16) * 8 + mg * kMC, (lane / 8) % 2);
+    const LdsmAddr<TileP> pA(sm.p, lane % 16 + nw2 * kNT2 * 16, lane / 16);
     // Warp-dependent column offsets are folded into the address tables (chunk base), see LdsmAddr.
-    const LdsmAddr<TileQ> qT(sQ, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
-    const LdsmAddr<TileP> dsT(sdS, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2, mq * kMT3 * 2);
-    const LdsmAddr<TileK> kT(sK, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, qg * (kQC / 8));
+    const LdsmAddr<TileQ> qT(sm.q, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, dg * (kDC / 8));
+    const LdsmAddr<TileP> dsT(sm.ds, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2, mq * kMT3 * 2);
+    const LdsmAddr<TileK> kT(sm.k, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16, qg * (kQC / 8));
     const float scale_log2 = p.softmax_scale_log2;
     // Phase-1 fragment stores of P^T / dS^T: row jl = (nw1*kNT1 + a)*16 + 8*hh + g, column il0 = mg*kMC + nt*8 + 2t.
     // Since jl & 7 == g, the swizzled byte offset is st_base + st_tab[nt] + (a*16 + 8*hh) * pitch (compile time).
@@ -139,7 +126,7 @@ struct BwdMainloop {
       qTi.base += buf * TileQ::kBytes;
       cp_async_wait<0>();
       __syncthreads();
-      if (m + 1 < m_max) io.load_q_block(p, blk, m + 1, buf ^ 1, sQ, sdO, sLse, sD);
+      if (m + 1 < m_max) io.load_q_block(p, blk, m + 1, buf ^ 1, sm.q, sm.dO, sm.lse, sm.d);
       cp_async_commit();
       const int m0 = m * kBlockM;
 
@@ -169,13 +156,13 @@ struct BwdMainloop {
           }
         }
       }
-      bwd_p_ds<T, kSoftcap, kMask>(frag(s), frag(dp), sLse + buf * kBlockM, sD + buf * kBlockM, nw1 * kNT1 * 16,
+      bwd_p_ds<T, kSoftcap, kMask>(frag(s), frag(dp), sm.lse + buf * kBlockM, sm.d + buf * kBlockM, nw1 * kNT1 * 16,
                                    mg * kMC, m0, blk, p.score_scale, scale_log2, g, t,
                                    [&](int a, int nt, int hh, int, int, uint32_t pk, uint32_t dk) {
                                      const uint32_t off = st_base + st_tab[nt] +
                                                           static_cast<uint32_t>((a * 16 + 8 * hh) * TileP::kPitchChunks * 16);
-                                     *reinterpret_cast<uint32_t*>(smem + (sP - sQ) + off) = pk;
-                                     *reinterpret_cast<uint32_t*>(smem + (sdS - sQ) + off) = dk;
+                                     *reinterpret_cast<uint32_t*>(smem + (sm.p - sm.q) + off) = pk;
+                                     *reinterpret_cast<uint32_t*>(smem + (sm.ds - sm.q) + off) = dk;
                                    });
       __syncthreads();
 

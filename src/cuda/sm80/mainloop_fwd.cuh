@@ -77,9 +77,7 @@ struct FwdMainloop {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * 16 * kMT;
-    const SeqInfo& si = blk.si;
     const int n_min = blk.n_min, n_max = blk.n_max;
-    const T* qg = blk.q<T>(p);
     const T* kg = blk.k<T>(p);
     const T* vg = blk.v<T>(p);
 
@@ -90,9 +88,9 @@ struct FwdMainloop {
     const TileCopy<TileKV, kThreads> kv_copy(p.head_dim);
     auto load_kv = [&](uint32_t dst, const T* base, int64_t row_stride, int n) {
       const int r0 = n * kBlockN;
-      kv_copy.copy(dst, base + r0 * row_stride, row_stride, si.seqlen_k - r0);
+      kv_copy.copy(dst, base + r0 * row_stride, row_stride, blk.si.seqlen_k - r0);
     };
-    TileCopy<TileQ, kThreads>(p.head_dim).copy(sQ, qg, p.q_s.row, blk.rows_q);
+    TileCopy<TileQ, kThreads>(p.head_dim).copy(sQ, blk.q<T>(p), p.q_s.row, blk.rows_q);
     if (n_max > n_min) load_kv(sK, kg, p.k_s.row, n_max - 1);
     cp_async_commit();
 

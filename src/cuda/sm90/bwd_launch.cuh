@@ -21,6 +21,13 @@ void run_bwd_sm90_cfg(const BwdParams& p, cudaStream_t stream) {
   launch_bwd<Cfg, T, sm90::BwdMainloop>(p, stream);
 }
 
+/// Dynamic shared memory of the sm90 backward main kernel for kHeadDim (the dispatcher's fit test).
+template <int kHeadDim>
+int bwd_smem_bytes_sm90() {
+  return sm90::BwdConfigFor<kHeadDim>::kSmemBytes;
+}
+
+/// The sm90 backward for kHeadDim (the dispatcher has checked device, build and shared memory).
 template <int kHeadDim, class T>
 LaunchInfo run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   static_assert(bwd_tile_sm90(kHeadDim).available, "no sm90 backward for this head dim (generate_instantiations.py)");
@@ -29,9 +36,5 @@ LaunchInfo run_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads / 32, false};
 }
 
-template <int kHeadDim>
-int bwd_smem_bytes_sm90() {
-  return sm90::BwdConfigFor<kHeadDim>::kSmemBytes;
-}
 
 }  // namespace flashkv::cuda

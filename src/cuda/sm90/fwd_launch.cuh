@@ -23,6 +23,13 @@ void run_fwd_sm90_cfg(const FwdParams& p, cudaStream_t stream) {
              attn::FwdSingleTile<Cfg::kBlockM>>(p, stream, "fwd sm90 kernel launch");
 }
 
+/// Dynamic shared memory of the sm90 forward for kHeadDim (the dispatcher's fit test).
+template <int kHeadDim>
+int fwd_smem_bytes_sm90() {
+  return sm90::FwdConfigFor<kHeadDim>::kSmemBytes;
+}
+
+/// The sm90 forward for kHeadDim (the dispatcher has checked device, build and shared memory).
 template <int kHeadDim, class T>
 LaunchInfo run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
   static_assert(fwd_tile_sm90(kHeadDim).available, "no sm90 forward for this head dim (generate_instantiations.py)");
@@ -31,10 +38,5 @@ LaunchInfo run_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
   return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads / 32, false};
 }
 
-/// Dynamic shared memory of the sm90 forward for kHeadDim (the dispatcher's fit test).
-template <int kHeadDim>
-int fwd_smem_bytes_sm90() {
-  return sm90::FwdConfigFor<kHeadDim>::kSmemBytes;
-}
 
 }  // namespace flashkv::cuda

@@ -91,35 +91,22 @@ struct BwdMainloop {
     const int m_min = blk.m_min, m_max = blk.m_max;
     const BwdLoads<T, TileQ, TileK, kBlockM, kThreads> io(p, blk);
 
-    const uint32_t sQ = smem_addr(smem);
-    const uint32_t sdO = sQ + Smem::kdO;
-    const uint32_t sK = sQ + Smem::kK;
-    const uint32_t sV = sQ + Smem::kV;
-    const uint32_t sP = sQ + Smem::kP;
-    const uint32_t sdS = sQ + Smem::kdS;
-    float* sLse = reinterpret_cast<float*>(smem + Smem::kLse);
-    float* sD = reinterpret_cast<float*>(smem + Smem::kD);
-
-    io.load_kv(p, blk, sK, sV);
-    if (m_max > m_min) io.load_q_block(p, blk, m_min, 0, sQ, sdO, sLse, sD);
-    cp_async_commit();
-
-    zero(acc.dk());
-    zero(acc.dv());
+    const BwdSmemView<Smem> sm(smem);
+    io.prologue(p, blk, sm, acc.dk(), acc.dv());
 
     // Descriptors of the warpgroup's operand tiles at k-step 0; a k-step adds a compile-time byte offset (>> 4).
     // Phase 1: A = K / V rows k1.. (K-major), B = Q / dO rows q1.. (K-major); K steps of 16 columns = 32 bytes inside a
     // 64-column panel, then the next panel.
-    const uint64_t dK1 = desc_kmajor(sK + k1 * 128);
-    const uint64_t dQ1 = desc_kmajor(sQ + q1 * 128);
+    const uint64_t dK1 = desc_kmajor(sm.k + k1 * 128);
+    const uint64_t dQ1 = desc_kmajor(sm.q + q1 * 128);
     // Phase 2: A = P^T / dS^T rows k2.. (K-major, K = queries), B = dO / Q columns d2.. (MN-major, K = query rows).
-    const uint64_t dP2 = desc_kmajor(sP + k2 * 128);
+    const uint64_t dP2 = desc_kmajor(sm.p + k2 * 128);
     // A warpgroup tile that starts inside a panel (32 columns) starts its rows (d % 64) * 2 bytes in.
-    const uint64_t dO2 = desc_mnmajor(sdO + (d2 / 64) * TileQ::kPanelBytes + (d2 % 64) * 2, TileQ::kPanelBytes);
-    const uint64_t dQ2 = desc_mnmajor(sQ + (d2 / 64) * TileQ::kPanelBytes + (d2 % 64) * 2, TileQ::kPanelBytes);
+    const uint64_t dO2 = desc_mnmajor(sm.dO + (d2 / 64) * TileQ::kPanelBytes + (d2 % 64) * 2, TileQ::kPanelBytes);
+    const uint64_t dQ2 = desc_mnmajor(sm.q + (d2 / 64) * TileQ::kPanelBytes + (d2 % 64) * 2, TileQ::kPanelBytes);
     // Phase 3: A = dS (queries q3.. contiguous in dS^T's rows: MN-major, K = key rows), B = K columns d3.. (MN-major).
-    const uint64_t dS3 = desc_mnmajor(sdS + (q3 / 64) * TileP::kPanelBytes, TileP::kPanelBytes);
-    const uint64_t dK3 = desc_mnmajor(sK + (d3 / 64) * TileK::kPanelBytes + (d3 % 64) * 2, TileK::kPanelBytes);
+    const uint64_t dS3 = desc_mnmajor(sm.ds + (q3 / 64) * TileP::kPanelBytes, TileP::kPanelBytes);
+    const uint64_t dK3 = desc_mnmajor(sm.k + (d3 / 64) * TileK::kPanelBytes + (d3 % 64) * 2, TileK::kPanelBytes);
     constexpr uint64_t kVOff = TileK::kBytes >> 4, kDoOff = (2 * TileQ::kBytes) >> 4, kDsOff = TileP::kBytes >> 4;
     constexpr uint64_t kBufOff = TileQ::kBytes >> 4;
     const float scale_log2 = p.softmax_scale_log2;
@@ -130,7 +117,7 @@ struct BwdMainloop {
       cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();
-      if (m + 1 < m_max) io.load_q_block(p, blk, m + 1, buf ^ 1, sQ, sdO, sLse, sD);
+      if (m + 1 < m_max) io.load_q_block(p, blk, m + 1, buf ^ 1, sm.q, sm.dO, sm.lse, sm.d);
       cp_async_commit();
       const int m0 = m * kBlockM;
       const uint64_t bo = buf * kBufOff;
@@ -150,12 +137,12 @@ struct BwdMainloop {
       fence_operands(s);
       fence_operands(dp);
 
-      bwd_p_ds<T, kSoftcap, kMask>(frag(s), frag(dp), sLse + buf * kBlockM, sD + buf * kBlockM, k1 + wrow, q1, m0, blk,
+      bwd_p_ds<T, kSoftcap, kMask>(frag(s), frag(dp), sm.lse + buf * kBlockM, sm.d + buf * kBlockM, k1 + wrow, q1, m0, blk,
                                    p.score_scale, scale_log2, g, t,
                                    [&](int, int, int, int jl, int il0, uint32_t pk, uint32_t dk) {
                                      const uint32_t off = TileP::offset_elem(jl, il0);
-                                     *reinterpret_cast<uint32_t*>(smem + (sP - sQ) + off) = pk;
-                                     *reinterpret_cast<uint32_t*>(smem + (sdS - sQ) + off) = dk;
+                                     *reinterpret_cast<uint32_t*>(smem + (sm.p - sm.q) + off) = pk;
+                                     *reinterpret_cast<uint32_t*>(smem + (sm.ds - sm.q) + off) = dk;
                                    });
       fence_proxy_async();
       __syncthreads();

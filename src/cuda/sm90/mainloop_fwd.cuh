@@ -73,9 +73,7 @@ struct FwdMainloop {
     const int wg = warp / 4;
     const int g = lane / 4, t = lane % 4;
     const int row0 = 64 * wg + 16 * (warp % 4);  // the warp's first row in the CTA's block
-    const SeqInfo& si = blk.si;
     const int n_min = blk.n_min, n_max = blk.n_max;
-    const T* qg = blk.q<T>(p);
     const T* kg = blk.k<T>(p);
     const T* vg = blk.v<T>(p);
 
@@ -85,10 +83,10 @@ struct FwdMainloop {
     const TileCopy<TileKV, kThreads> kv_copy(p.head_dim);
     auto load_kv = [&](int n, int stage) {
       const int r0 = n * kBlockN;
-      kv_copy.copy(sK + stage * TileKV::kBytes, kg + r0 * p.k_s.row, p.k_s.row, si.seqlen_k - r0);
-      kv_copy.copy(sV + stage * TileKV::kBytes, vg + r0 * p.v_s.row, p.v_s.row, si.seqlen_k - r0);
+      kv_copy.copy(sK + stage * TileKV::kBytes, kg + r0 * p.k_s.row, p.k_s.row, blk.si.seqlen_k - r0);
+      kv_copy.copy(sV + stage * TileKV::kBytes, vg + r0 * p.v_s.row, p.v_s.row, blk.si.seqlen_k - r0);
     };
-    TileCopy<TileQ, kThreads>(p.head_dim).copy(sQ, qg, p.q_s.row, blk.rows_q);
+    TileCopy<TileQ, kThreads>(p.head_dim).copy(sQ, blk.q<T>(p), p.q_s.row, blk.rows_q);
     if (n_max > n_min) load_kv(n_max - 1, 0);
     cp_async_commit();
 
