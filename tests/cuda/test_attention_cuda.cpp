@@ -282,7 +282,7 @@ TEST(CudaKernels, FamilyIsDecidedOncePerCall) {
       const std::string b = forward_path(c);
       EXPECT_TRUE(contains(b, " sm80 fwd hdim")) << b;
       c.family = KernelFamily::sm90;
-      if (sm90 && has90) {
+      if (sm90) {  // a head dim without an sm90 kernel of its own runs padded on the next larger one (64/128/256)
         EXPECT_TRUE(contains(forward_path(c), " sm90 fwd hdim")) << core::last_path();
       } else {
         try {

@@ -35,14 +35,6 @@ constexpr FwdTilesSm80 fwd_tiles_sm80(int head_dim) {
     }
   }
 }
-/// Whether the sm80 forward of `tile` carries the exact rare path for rows that a non-finite input reaches
-/// (common/nonfinite.cuh). Off only where its mere presence changes the hot loop's register allocation: head_dim 64
-/// with 128 x 128 tiles sits at 255 registers and spills in its mainloop when the kernel contains any call (measured
-/// with bench/gpu/tune/sass_compare.py). There a masked key's non-finite V can still turn a boundary row into NaN.
-constexpr bool fwd_exact_nonfinite_rows_sm80(int head_dim, FwdTile tile) {
-  return !(head_dim == 64 && tile.block_m == 128 && tile.block_n == 128 && tile.warps == 4);
-}
-
 /// The sm90 (wgmma) forward: one configuration; head dims without one (available = false) run sm80 everywhere.
 struct FwdTileSm90 {
   bool available;

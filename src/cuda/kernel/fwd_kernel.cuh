@@ -5,9 +5,9 @@
 // loads and multiplies and keeps the online-softmax state (common/softmax.cuh), the epilogue (common/epilogue_fwd.cuh)
 // normalizes and stores; rows that a non-finite input reached are recomputed exactly afterwards (rare path).
 //
-// Mainloop contract: kThreads, kBlockM, kBlockN, kExactNonFiniteRows (the rare path is compiled in), kCompiled (false where the translation unit's arch cannot run it:
-// the body is then a trap that the host dispatch never reaches), shared_memory() -> char*, Accum (o() fragment view +
-// softmax state), run(p, blk, smem, acc).
+// Mainloop contract: kThreads, kBlockM, kBlockN, kExactNonFiniteRows (the rare path is compiled in), kCompiled (false
+// where the translation unit's arch cannot run it: the body is then a trap that the host dispatch never reaches),
+// shared_memory() -> char*, Accum (o() fragment view + softmax state), run(p, blk, smem, acc).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -24,7 +24,6 @@
 #include "cuda/common/mask.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/tile.cuh"
-#include "cuda/common/tile_size.hpp"
 #include "cuda/params.hpp"
 #include "cuda/sm80/mma.cuh"
 
@@ -55,8 +54,12 @@ struct FwdMainloop {
   static constexpr int kNT = kBlockN / 8;   // 8-column tiles of S
   static constexpr int kDT = kHeadDim / 8;  // 8-column tiles of O
   static constexpr bool kCompiled = true;
-  static constexpr bool kExactNonFiniteRows =
-      fwd_exact_nonfinite_rows_sm80(kHeadDim, FwdTile{kBlockM, kBlockN, Cfg::kNWarps});
+  /// Whether the kernel carries the exact rare path for rows that a non-finite input reaches (common/nonfinite.cuh).
+  /// Off only where its mere presence (an out-of-line call) changes this mainloop's register allocation: the 4-warp
+  /// 128-row configurations of head dims 64 (128 x 128) and 96 (128 x 64) sit at 255 registers and their hot loops
+  /// spill with it (bench/results/sass-restructure-2026-12-01.md). There a masked key's non-finite V can still turn
+  /// a boundary row into NaN (docs/gpu.md, "Non-finite inputs").
+  static constexpr bool kExactNonFiniteRows = !(kMT == 2 && (kHeadDim == 64 || kHeadDim == 96));
   using TileQ = typename Cfg::TileQ;
   using TileKV = typename Cfg::TileKV;
   using Softmax = OnlineSoftmax<kMT, Cfg::kRescaleSkip>;
