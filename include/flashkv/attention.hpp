@@ -49,6 +49,10 @@
 //   dk_j = scale Σ_{i: j∈J_i} dS_ij q_i — evaluated in IEEE arithmetic, so a NaN/inf reaches exactly the gradients
 //   whose sums contain it (a masked pair is never 0·x). Nothing is checked or reported: like FlashAttention and
 //   PyTorch, the library propagates non-finite values instead of raising.
+//   CUDA, not yet exact (docs/gpu.md, "Non-finite inputs"): the sm80 forward of head dims 64 and 96, and the backward
+//   for non-finite q, k or dout, can still let a masked key's (or row's) non-finite value turn the other rows of a
+//   boundary tile (causal diagonal, window edge) into NaN; non-finite v in the backward, and every other CUDA forward,
+//   follow the rule above.
 // GQA/MQA: num_heads % num_heads_kv == 0; query head h reads kv head h / (num_heads / num_heads_kv).
 //
 // ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch
@@ -81,6 +85,20 @@ enum class Algorithm : int32_t {
 };
 const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
 
+/// Which CUDA kernel family runs a call on a CUDA device (docs/gpu.md). The family is decided once per call, from the
+/// device and the build: `automatic` takes the sm90 (Hopper wgmma) kernels on a compute-capability-9.0 GPU when this
+/// build carries their sm_90a code and the head dim has one, else the sm80 (mma.sync, FA2-class) kernels; the
+/// environment variable FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean
+/// sm80. `sm80` / `sm90` ask for one family: a family the GPU or the build cannot run for this call (sm90 on a
+/// non-Hopper GPU, in a build without sm_90a code, or for a head dim it has no kernel for; v1_order, which exists only
+/// as sm80) is an UnsupportedError naming it, never a silent fallback. CPU tensors accept only `automatic`.
+enum class KernelFamily : int32_t {
+  automatic = 0,  ///< "auto"
+  sm80 = 1,       ///< "sm80": mma.sync + ldmatrix + cp.async (Ampere and later)
+  sm90 = 2,       ///< "sm90": wgmma (Hopper, sm_90a)
+};
+const char* kernel_family_name(KernelFamily f);  ///< "auto" | "sm80" | "sm90"
+
 struct AttentionOptions {
   std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim)
   bool causal = false;                 ///< bottom-right aligned; equivalent to window_size_right = 0
@@ -93,6 +111,7 @@ struct AttentionOptions {
                                        ///< FlashAttention) = float32 atomics. The CPU is always deterministic.
   int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
+  KernelFamily kernel_family = KernelFamily::automatic;  ///< CUDA: which kernel family runs (see KernelFamily)
 };
 
 /// Fixed-length forward. `lse` may be nullptr. See the file comment for shapes, mask and errors.

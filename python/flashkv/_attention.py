@@ -144,6 +144,19 @@ def _prepare(
     return o, tdo, tq, tk, tv
 
 
+def _set_kernel(o: L.AttentionOptions, kernel: str) -> L.AttentionOptions:
+    """kernel = "auto" | "sm80" | "sm90": the CUDA kernel family (flashkv::KernelFamily; docs/gpu.md)."""
+    if not isinstance(kernel, str) or kernel not in L.KERNEL_FAMILIES:
+        raise ValueError(f"flashkv: argument 'kernel': expected one of {', '.join(L.KERNEL_FAMILIES)}, got {kernel!r}")
+    if kernel != "auto" and o.struct_size < type(o).kernel_family.offset + ctypes.sizeof(ctypes.c_int32):
+        raise L.UnsupportedError(
+            f"flashkv: argument 'kernel': {kernel!r} needs a flashkv library with kernel families (the loaded one "
+            f"predates them)"
+        )
+    o.kernel_family = L.KERNEL_FAMILIES[kernel]
+    return o
+
+
 def _grads_like(tq: TensorArg, tk: TensorArg, tv: TensorArg) -> tuple[TensorArg, TensorArg, TensorArg]:
     """dq, dk, dv outputs shaped like q, k, v (same kind and dtype as q)."""
     return new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
@@ -238,6 +251,7 @@ def attention(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    kernel: str = "auto",
 ) -> Any:
     """Fixed-length exact attention forward.
 
@@ -251,11 +265,14 @@ def attention(
         algorithm: "tiled" (FA2 order, default), "v1" (FA1 2022 loop order) or "naive" (materializes S and P).
         dtype: None, or "bfloat16" to read uint16 arrays as bfloat16 bit patterns (outputs are uint16 then).
         num_threads: CPU threads, 0 = OpenMP default.
+        kernel: CUDA kernel family: "auto" (default: sm90 on Hopper where compiled, else sm80), "sm80" or "sm90";
+            a family the GPU or build cannot run raises flashkv.UnsupportedError. CPU tensors take only "auto".
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
         return_lse.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
+    _set_kernel(o, kernel)
     _need_rank(tq, 4, "[batch, seqlen_q, num_heads, head_dim]")
     _need_rank(tv, 4, "[batch, seqlen_k, num_heads_kv, head_dim_v]")
     out = new_output(tq, tq.shape[:3] + tv.shape[3:], "out")
@@ -284,6 +301,7 @@ def attention_backward(
     dtype: str | None = None,
     num_threads: int = 0,
     deterministic: bool = False,
+    kernel: str = "auto",
 ) -> tuple[Any, Any, Any]:
     """Fixed-length backward (FA2 Alg. 2: recomputes P = exp(S * scale - lse) tile by tile).
 
@@ -291,12 +309,13 @@ def attention_backward(
     Returns (dq, dk, dv) shaped and typed like q, k, v (same kind as q). Gradients of rows that see no key are 0.
     deterministic: CUDA only (the CPU backward is always deterministic). False (default, as in FlashAttention):
     dq is summed with float32 atomics, so its last bits may differ run to run; True: dq is summed in a fixed order
-    and every gradient is bit-identical run to run, at about half the speed.
+    and every gradient is bit-identical run to run, at about half the speed. kernel: as in `attention`.
     """
     o, tdo, tq, tk, tv = _prepare(
         dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
         deterministic=deterministic,
     )
+    _set_kernel(o, kernel)
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])
@@ -325,6 +344,7 @@ def attention_varlen(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    kernel: str = "auto",
 ) -> Any:
     """Varlen (packed) forward: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against the matching k/v rows.
 
@@ -332,9 +352,10 @@ def attention_varlen(
     (0 first, non-decreasing, last = total; other integer dtypes such as numpy's default int64, and lists of ints,
     are converted to int32 after a bounds check). max_seqlen_q/k default to the longest sequence (computed from CPU
     cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
-    [num_heads, total_q] float32 if return_lse). Mask and options as in `attention`, per sequence.
+    [num_heads, total_q] float32 if return_lse). Mask and options (kernel too) as in `attention`, per sequence.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
+    _set_kernel(o, kernel)
     tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
     _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")
@@ -370,15 +391,17 @@ def attention_varlen_backward(
     dtype: str | None = None,
     num_threads: int = 0,
     deterministic: bool = False,
+    kernel: str = "auto",
 ) -> tuple[Any, Any, Any]:
     """Varlen backward; lse is [num_heads, total_q] from `attention_varlen(..., return_lse=True)`.
 
-    Returns (dq, dk, dv) shaped and typed like q, k, v. deterministic: as in `attention_backward`.
+    Returns (dq, dk, dv) shaped and typed like q, k, v. deterministic, kernel: as in `attention_backward`.
     """
     o, tdo, tq, tk, tv = _prepare(
         dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
         deterministic=deterministic,
     )
+    _set_kernel(o, kernel)
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
