@@ -64,14 +64,9 @@ void run(const ChatArgs& a) {
                       std::to_string(turn + 1));
     const int32_t context_before = engine.length(seq);
     if (!a.json && !interactive) std::printf("user: %s\nassistant: ", user.c_str());
-    auto stream = [&](int32_t prev, int32_t t) {
-      if (a.json) return;
-      std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
-      std::fflush(stdout);
-    };
     GenerateOptions go;
     go.steps = a.steps;
-    go.on_token = stream;
+    go.on_token = flashkv::cli::stdout_streamer(tok, a.json);
     GenerationResult g = generate_in(engine, seq, chunk, sampler, go);
     const std::string reply = tok.decode(g.tokens);
     fed = rendered + reply;

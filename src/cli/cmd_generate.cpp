@@ -55,16 +55,11 @@ void run(const GenerateArgs& a) {
                 std::to_string(prompt.size()) + " tokens");
   Sampler sampler(sc);
   if (!a.json && !a.chat) std::fputs(prompt_text.c_str(), stdout);
-  auto stream = [&](int32_t prev, int32_t t) {
-    if (a.json) return;
-    std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
-    std::fflush(stdout);
-  };
   GenerateOptions go;
   go.steps = a.steps;
   go.keep_logits = !a.logits_out.empty();
   go.ignore_stop_tokens = a.ignore_eos;
-  go.on_token = stream;
+  go.on_token = flashkv::cli::stdout_streamer(tok, a.json);
   GenerationResult g = generate(engine, prompt, sampler, go);
   if (!a.logits_out.empty()) {
     std::ofstream f(a.logits_out, std::ios::binary | std::ios::trunc);

@@ -1,6 +1,8 @@
 // Shared model / KV-cache / sampler options of the model-running commands.
 #include "cli/util_model_cli.hpp"
 
+#include <cstdio>
+
 #include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
 #include "flashkv/kvcache.hpp"
@@ -53,6 +55,14 @@ void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_tempera
   sub->add_option("--top-p", o.top_p, "nucleus sampling threshold in (0, 1] (default 0.9)");
   add_count_option(sub, "--top-k", o.top_k, "keep the k most probable tokens (0 = off)", 0, 1 << 30);
   sub->add_option("--seed", o.seed, "sampler seed (default 42)");
+}
+
+std::function<void(int32_t, int32_t)> stdout_streamer(const Tokenizer& tok, bool quiet) {
+  if (quiet) return {};
+  return [&tok](int32_t prev, int32_t t) {
+    std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
+    std::fflush(stdout);
+  };
 }
 
 }  // namespace flashkv::cli
