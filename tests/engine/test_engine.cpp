@@ -390,3 +390,47 @@ TEST(Engine, GenerateInContinuesAConversationAndStopTokens) {
   EXPECT_EQ(r.stop, StopReason::steps);
   EXPECT_EQ(e.length(s), 3 + 1 + 4);  // the last sampled token is not fed
 }
+
+TEST(Engine, SmolLM2ConfigAndChunkedPrefill) {
+  FLASHKV_REQUIRE_SMOLLM2();
+  LoadedModel lm = load_named_model("smollm2-135m");
+  const ModelConfig& c = lm.model.config;
+  EXPECT_EQ(lm.alias, "smollm2-135m");
+  EXPECT_EQ(lm.model.format, CheckpointFormat::gguf);
+  EXPECT_EQ(c.dim, 576);
+  EXPECT_EQ(c.hidden_dim, 1536);
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.num_heads, 9);
+  EXPECT_EQ(c.num_heads_kv, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.seq_len, 8192);
+  EXPECT_EQ(c.rope_theta, 100000.0f);
+  EXPECT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_TRUE(c.shared_classifier);
+  EXPECT_EQ(lm.model.classifier, lm.model.token_embedding);
+  EXPECT_EQ(lm.model.stop_tokens, (std::vector<int32_t>{0, 2}));
+  int q41 = 0, q80 = 0, f32 = 0;
+  for (const auto& [name, type] : lm.model.tensor_types) {
+    q41 += type == "Q4_1";
+    q80 += type == "Q8_0";
+    f32 += type == "F32";
+  }
+  EXPECT_EQ(q41, 210);
+  EXPECT_EQ(q80, 1);
+  EXPECT_EQ(f32, 61);
+  // Prefill vs extend in chunks of 16 + the rest through an fp32 cache: the same function.
+  const std::vector<int32_t> tokens = lm.tokenizer->encode_prompt(
+      "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs, then count 1 2 3.");
+  ASSERT_GT(tokens.size(), 24u);
+  Engine e(lm.model, KVCacheSpec{}, 2, 256);
+  const int32_t a = e.add_sequence(), b = e.add_sequence();
+  std::vector<float> pre(tokens.size() * c.vocab_size), ext(tokens.size() * c.vocab_size);
+  e.prefill(a, tokens, pre, true);
+  const std::size_t h = 16;
+  e.extend(b, std::span<const int32_t>(tokens).subspan(0, h), std::span<float>(ext).subspan(0, h * c.vocab_size), true);
+  e.extend(b, std::span<const int32_t>(tokens).subspan(h), std::span<float>(ext).subspan(h * c.vocab_size), true);
+  double d = 0;
+  for (std::size_t i = 0; i < pre.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(pre[i] - ext[i])));
+  EXPECT_LT(d, 1e-3);
+}
