@@ -9,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_parse.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -96,8 +97,9 @@ void register_chat(CLI::App& root) {
                   "a user turn (repeatable; default: read one turn per line from stdin until EOF)");
   sub->add_option("--system", args->system, "system message (default: the template's own)")
       ->each([args](const std::string&) { args->system_given = true; });
-  sub->add_option("--steps", args->steps, "maximum tokens per reply (default 256)");
-  sub->add_option("--context", args->context, "KV cache context in tokens (default: the model's context length)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps, "maximum tokens per reply (default 256)", 1, 1 << 30);
+  flashkv::cli::add_count_option(sub, "--context", args->context,
+                                 "KV cache context in tokens (default 0: the model's context length)", 0, 1 << 30);
   flashkv::cli::add_sampler_options(sub, args->sampling, 0.2f);
   sub->add_flag("--json", args->json, "print one JSON object per turn (reply, tokens, the rendered context)");
   flashkv::cli::add_kv_options(sub, args->kv);

@@ -9,6 +9,7 @@
 #include "cli/command.hpp"
 #include "cli/util_kv_memory.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
 #include "cli/util_parse.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -34,6 +35,7 @@ void run(const GenerateArgs& a) {
   if (a.steps <= 0) throw Error("steps", "a positive number of tokens", std::to_string(a.steps));
   if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("prompt", "either --prompt or --prompt-file", "both");
   if (a.system_given && !a.chat) throw Error("system", "--system together with --chat", "--system without --chat");
+  flashkv::cli::check_output_file(a.logits_out, "logits-out");
   const KVCacheSpec spec = a.kv.spec();
   const SamplerConfig sc = a.sampling.config();
   const std::string user_text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file, "--prompt-file");
