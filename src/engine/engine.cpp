@@ -145,12 +145,14 @@ struct Engine::Impl {
       ids[i] = segs[i].seq;
       cu[i + 1] = cu[i] + segs[i].n;
     }
-    // Attention runs on the calling thread unless it is big enough (>= 4 MFLOP per layer) to pay for an OpenMP
-    // fork/join: decode and short chunks stay off the OpenMP pool, so its idle workers never spin against
-    // OpenBLAS's threads (the matmuls), which on 2 cores made decode 10-50x slower.
+    // Attention runs on the calling thread unless one call is >= 8 GFLOP (long prompts, thousands of tokens). Idle
+    // OpenMP workers spin without yielding and starve OpenBLAS's threads (the matmuls): measured on the shared 2-core
+    // machine, OpenMP attention made decode at 2k-4k context 5-10x slower (1.1 vs 6.9 tok/s) and 512-token chunks
+    // over a 2k history 20% slower, while a single thread loses at most 2x on the attention share when the machine is
+    // idle.
     double attn_flops = 0;
     for (const Segment& s : segs) attn_flops += 4.0 * c.num_heads * c.head_dim * s.n * static_cast<double>(s.pos0 + s.n);
-    const int32_t attention_threads = attn_flops < 4e6 ? 1 : 0;
+    const int32_t attention_threads = attn_flops < 8e9 ? 1 : 0;
     AttentionOptions opts;
     opts.causal = true;
     opts.num_threads = attention_threads;
