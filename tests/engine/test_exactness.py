@@ -198,3 +198,10 @@ def test_gguf_layout_matches_the_spec_and_the_checkpoint(checkpoint, tokenizer, 
         assert np.array_equal(t[b + "attn_norm.weight"], checkpoint.rms_att[l])
         assert np.array_equal(t[b + "ffn_norm.weight"], checkpoint.rms_ffn[l])
     assert np.array_equal(t["output_norm.weight"], checkpoint.rms_final)
+
+
+def test_named_model_aidreams260k_is_the_shipped_files(checkpoint, tokenizer):
+    p = run_cli("generate", "--model", "aidreams260k", "--prompt", "Echoes of light", "--temperature", "0", "--steps",
+                "200", "--json", "--kv-cache", "fp32")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"] == ref.greedy(checkpoint, tokenizer.encode("Echoes of light"), steps=200)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flashkv/engine.hpp"
+#include "flashkv/error.hpp"
 
 namespace flashkv::test {
 
@@ -30,6 +31,15 @@ inline std::string missing_models_reason() {
     }
   }
   return "";
+}
+
+/// SmolLM2's GGUF (fetched by scripts/setup), or "" when it is not installed.
+inline std::string smollm2_path() {
+  try {
+    return resolve_model("smollm2-135m").model_path;
+  } catch (const IoError&) {
+    return "";
+  }
 }
 
 inline uint64_t test_seed() {
@@ -72,4 +82,12 @@ inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) 
 #define FLASHKV_SKIP_WITHOUT_MODELS()                                                          \
   do {                                                                                         \
     if (const std::string why = ::flashkv::test::missing_models_reason(); !why.empty()) GTEST_SKIP() << why; \
+  } while (0)
+
+/// First statement of a test that reads SmolLM2: skips it when scripts/setup has not fetched the model.
+#define FLASHKV_REQUIRE_SMOLLM2()                                                                                  \
+  do {                                                                                                             \
+    if (::flashkv::test::smollm2_path().empty())                                                                   \
+      GTEST_SKIP() << "SmolLM2 not installed (expected in " << ::flashkv::fetched_models_dir()                     \
+                   << "/smollm2-135m): run scripts/setup";                                                         \
   } while (0)
