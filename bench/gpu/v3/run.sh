@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the H200 (device tool), from a copy of the repository root: FA3 wheel install, libv3.so (prebuilt, or built
+# here with nvcc if it does not load), then `harness.py drive` (check, bench, tables) with logs and JSON in $OUT.
+#   OUT=... bench/gpu/v3/run.sh [prebuilt libv3.so] [--seqlens 512,2048,8192,16384]
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$here/../../.."
+OUT=${OUT:-/tmp/v3-out}
+mkdir -p "$OUT"
+lib="${1:-$here/prebuilt/libv3.so}"; shift || true
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,power.limit \
+  --format=csv,noheader | tee "$OUT/gpu.txt"
+whl=$(ls "$root"/.whl/fa3_fwd-*.whl "$root"/../.whl/fa3_fwd-*.whl 2>/dev/null | head -1)
+if [[ -n "$whl" ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  cp /tmp/site/fa3_fwd_config.py /tmp/site/flash_attn_config.py 2>/dev/null || true
+fi
+if ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2> "$OUT/load.txt"; then
+  echo "prebuilt library does not load ($(head -c 300 "$OUT/load.txt")); building with nvcc"
+  "$here/build.sh" /tmp/v3lib -Xptxas -v > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  lib=/tmp/v3lib/libv3.so
+fi
+echo "setup $(( $(date +%s) - t0 )) s"
+PYTHONUNBUFFERED=1 python3 "$here/harness.py" drive "$lib" "$OUT" "$@" > "$OUT/harness.log" 2>&1
+rc=$?
+grep -E "^(check|DONE .*FAIL|HANG|stage|bench skips|d=|FA3|Traceback|RuntimeError|  File|    \{)" "$OUT/harness.log" | cut -c1-400 | tail -60
+echo "harness rc $rc, total $(( $(date +%s) - t0 )) s"
+cat "$OUT/tables.md" 2>/dev/null

@@ -1,0 +1,50 @@
+// Registers TMA warp-specialized forward variants: V3_VARIANT(tag, D, N, S, T, options...) instantiates
+// MainloopFwdTmaWs<D, N, S, T, TmaWsOptions{options}> and registers it as "ws/hd<D>/<tag>".
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "cuda/sm90/fwd_tma_ws_launch.cuh"
+#include "v3.hpp"
+
+namespace v3 {
+
+template <class ML>
+cudaError_t launch(const flashkv::cuda::FwdParams& p, cudaStream_t s) {
+  return flashkv::cuda::sm90::run_fwd_tma_ws<ML>(p, s);
+}
+
+template <class ML>
+std::string describe() {
+  constexpr auto o = ML::kOpt;
+  std::string c = "M" + std::to_string(ML::kBlockM) + " N" + std::to_string(ML::kBlockN) + " S" +
+                  std::to_string(ML::kStages) + " smem " + std::to_string(ML::kSmemBytes / 1024) + "K";
+  c += o.tma ? " tma" : " cpasync";
+  c += o.warp_specialized ? " ws" : " no-ws";
+  c += ML::kPingpong ? " pingpong" : "";
+  c += o.intra_overlap ? " overlap" : "";
+  c += " emu" + std::to_string(o.exp2_emu_eighths) + "/8";
+  c += o.cond_rescale ? " cond-rescale" : "";
+  c += std::is_same_v<typename ML::T, __half> ? " fp16" : " bf16";
+  return c;
+}
+
+template <class ML>
+struct RegisterWs {
+  explicit RegisterWs(const char* tag) {
+    static const std::string name = "ws/hd" + std::to_string(ML::kHeadDim) + "/" + tag;
+    static const std::string cfg = describe<ML>();
+    Register(name.c_str(), ML::kHeadDim, std::is_same_v<typename ML::T, __half> ? 1 : 0, launch<ML>, cfg.c_str());
+  }
+};
+
+}  // namespace v3
+
+#define V3_CAT2(a, b) a##b
+#define V3_CAT(a, b) V3_CAT2(a, b)
+#define V3_VARIANT(tag, D, N, S, T, ...)                                                                          \
+  static v3::RegisterWs<flashkv::cuda::sm90::MainloopFwdTmaWs<D, N, S, T, flashkv::cuda::sm90::TmaWsOptions{__VA_ARGS__}>> \
+      V3_CAT(reg_, __LINE__)(tag)
