@@ -339,7 +339,12 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s):
         return skip
 
     bad = stage(["check", lib_path, outdir], "crashed.jsonl")
-    failed = [c["variant"] for c in read_jsonl(os.path.join(outdir, "check.jsonl")) if not c["ok"]]
+    checks = read_jsonl(os.path.join(outdir, "check.jsonl"))
+    failed = [c["variant"] for c in checks if not c["ok"]]
+    if not any(c["ok"] and c["variant"].startswith("ws/") for c in checks):
+        print("no ws variant passed the check: no benchmark", flush=True)
+        cmd_table(outdir)
+        return
     skip = sorted(set(bad) | set(failed))
     print("bench skips (crashed or failed the check):", skip, flush=True)
     stage(["bench", lib_path, outdir, "--seqlens", ",".join(map(str, seqlens)), "--skipv", ",".join(skip) or ","],
