@@ -307,7 +307,6 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s):
     """check, then bench, each in subprocesses restarted past a variant that hangs or crashes; then the tables."""
     import subprocess
     t_start = time.time()
-    log = open(os.path.join(outdir, "drive.log"), "a")
 
     def stage(args, bad_file):
         skip = []
@@ -318,8 +317,7 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s):
             started = None
             for line in p.stdout:
                 sys.stdout.write(line)
-                log.write(line)
-                log.flush()
+                sys.stdout.flush()
                 if line.startswith("START "):
                     started = line.split()[1]
                 elif line.startswith("DONE "):

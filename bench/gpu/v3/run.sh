@@ -16,8 +16,8 @@ if [[ -n "$whl" ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   cp /tmp/site/fa3_fwd_config.py /tmp/site/flash_attn_config.py 2>/dev/null || true
 fi
-if ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2> "$OUT/load.txt"; then
-  echo "prebuilt library does not load ($(head -c 300 "$OUT/load.txt")); building with nvcc"
+if ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2> /tmp/v3-load.txt; then
+  echo "prebuilt library does not load ($(head -c 300 /tmp/v3-load.txt)); building with nvcc"
   "$here/build.sh" /tmp/v3lib -Xptxas -v > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   lib=/tmp/v3lib/libv3.so
 fi
