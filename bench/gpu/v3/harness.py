@@ -133,8 +133,9 @@ CASES = [  # (batch, seqlen_q, seqlen_k, heads, heads_kv)
     (1, 1000, 1000, 3, 3),
     (3, 257, 1031, 2, 2),
     (1, 2048, 2048, 2, 1),
+    (4, 1100, 700, 16, 4),  # 576 tiles: several per CTA in the persistent schedule
 ]
-QUICK = [(2, 203, 113, 4, 2), (1, 1000, 1000, 3, 3)]
+QUICK = [(2, 203, 113, 4, 2), (1, 1000, 1000, 3, 3), (4, 1100, 700, 16, 4)]
 
 
 def check_one(lib, var, case, causal, window, gen):
@@ -168,9 +169,10 @@ def cmd_check(lib_path, outdir, skip):
     print(f"check: seed {seed}, {len(variants)} variants", flush=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
+    done = {c["variant"] for c in read_jsonl(os.path.join(outdir, "check.jsonl"))}
     with open(os.path.join(outdir, "check.jsonl"), "a") as f:
         for var in variants:
-            if var["name"] in skip:
+            if var["name"] in skip or var["name"] in done:
                 continue
             print(f"START {var['name']}", flush=True)
             full = var["name"].endswith("/full") or var["name"].startswith("sm90v1")
@@ -300,7 +302,17 @@ def cmd_table(outdir):
                          " | ".join(f"{t[f'ws/hd{d}/{g}']:.0f}" if f"ws/hd{d}/{g}" in t else "-" for g in tags) + " |")
     text = "\n".join(lines)
     open(os.path.join(outdir, "tables.md"), "w").write(text + "\n")
-    print(text)
+    # stdout (the device call's tail): a one-line check summary, failures, then the timing tables
+    if checks:
+        bad = [c for c in checks if not c["ok"]]
+        print(f"correctness: {len(checks) - len(bad)}/{len(checks)} variants pass; max err/naive "
+              f"{max(c['max_ratio'] for c in checks):.2f}, max lse err {max(c['max_lse_err'] for c in checks):.1e}")
+        for c in bad:
+            print("FAIL", c["variant"], json.dumps(c["failures"][:2])[:300])
+    crashed = read_jsonl(os.path.join(outdir, "crashed.jsonl"))
+    for c in crashed:
+        print("CRASHED/HUNG", c)
+    print("\n".join(x for x in lines if not x.startswith(("ws/", "sm90v1/", "## correctness"))))
 
 
 def cmd_drive(lib_path, outdir, seqlens, budget_s):
@@ -350,6 +362,35 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s):
     cmd_table(outdir)
 
 
+def cmd_once(lib_path, name, d, s, causal):
+    """Runs one kernel (a variant name, 'fa3' or 'cudnn') on the FA3-paper shape inside cudaProfilerStart/Stop
+    (for ncu --profile-from-start off)."""
+    lib, variants = load(lib_path)
+    h, b = 2048 // d, 16384 // s
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    if name == "fa3":
+        import fa3_fwd_interface as fa3
+        fn = lambda: fa3.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    elif name == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    else:
+        fn = make_call(lib, next(x for x in variants if x["name"] == name), q, k, v, out, lse, causal)
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main():
     cmd = sys.argv[1]
     args = sys.argv[2:]
@@ -366,6 +407,8 @@ def main():
     elif cmd == "drive":
         seqlens = [int(x) for x in opt.get("seqlens", "512,2048,8192,16384").split(",")]
         cmd_drive(args[0], args[1], seqlens, float(opt.get("budget", "300")))
+    elif cmd == "once":
+        cmd_once(args[0], args[1], int(args[2]), int(args[3]), bool(int(args[4])))
     elif cmd == "table":
         cmd_table(args[0])
     else:

@@ -1,4 +1,5 @@
 // Registers TMA warp-specialized forward variants: V3_VARIANT(tag, D, N, S, T, options...) instantiates
+// (V3_VARIANT_SCHED(tag, schedule, ...) with a fixed schedule)
 // MainloopFwdTmaWs<D, N, S, T, TmaWsOptions{options}> and registers it as "ws/hd<D>/<tag>".
 #pragma once
 
@@ -12,12 +13,14 @@
 
 namespace v3 {
 
-template <class ML>
+using flashkv::cuda::sm90::WsSchedule;
+
+template <class ML, WsSchedule kSched>
 cudaError_t launch(const flashkv::cuda::FwdParams& p, cudaStream_t s) {
-  return flashkv::cuda::sm90::run_fwd_tma_ws<ML>(p, s);
+  return flashkv::cuda::sm90::run_fwd_tma_ws<ML>(p, s, kSched);
 }
 
-template <class ML>
+template <class ML, WsSchedule kSched>
 std::string describe() {
   constexpr auto o = ML::kOpt;
   std::string c = "M" + std::to_string(ML::kBlockM) + " N" + std::to_string(ML::kBlockN) + " S" +
@@ -28,16 +31,20 @@ std::string describe() {
   c += o.intra_overlap ? " overlap" : "";
   c += " emu" + std::to_string(o.exp2_emu_eighths) + "/8";
   c += o.cond_rescale ? " cond-rescale" : "";
+  c += o.defer_rescale ? " deferred-rescale" : "";
+  c += o.smem_epilogue ? " smem-epilogue" : "";
+  c += kSched == WsSchedule::kAuto ? " sched-auto" : kSched == WsSchedule::kSingleTile ? " single-tile" : " persistent";
   c += std::is_same_v<typename ML::T, __half> ? " fp16" : " bf16";
   return c;
 }
 
-template <class ML>
+template <class ML, WsSchedule kSched>
 struct RegisterWs {
   explicit RegisterWs(const char* tag) {
     static const std::string name = "ws/hd" + std::to_string(ML::kHeadDim) + "/" + tag;
-    static const std::string cfg = describe<ML>();
-    Register(name.c_str(), ML::kHeadDim, std::is_same_v<typename ML::T, __half> ? 1 : 0, launch<ML>, cfg.c_str());
+    static const std::string cfg = describe<ML, kSched>();
+    Register(name.c_str(), ML::kHeadDim, std::is_same_v<typename ML::T, __half> ? 1 : 0, launch<ML, kSched>,
+             cfg.c_str());
   }
 };
 
@@ -45,6 +52,8 @@ struct RegisterWs {
 
 #define V3_CAT2(a, b) a##b
 #define V3_CAT(a, b) V3_CAT2(a, b)
-#define V3_VARIANT(tag, D, N, S, T, ...)                                                                          \
-  static v3::RegisterWs<flashkv::cuda::sm90::MainloopFwdTmaWs<D, N, S, T, flashkv::cuda::sm90::TmaWsOptions{__VA_ARGS__}>> \
+#define V3_VARIANT_SCHED(tag, sched, D, N, S, T, ...)                                                           \
+  static v3::RegisterWs<                                                                                         \
+      flashkv::cuda::sm90::MainloopFwdTmaWs<D, N, S, T, flashkv::cuda::sm90::TmaWsOptions{__VA_ARGS__}>, sched> \
       V3_CAT(reg_, __LINE__)(tag)
+#define V3_VARIANT(tag, D, N, S, T, ...) V3_VARIANT_SCHED(tag, v3::WsSchedule::kAuto, D, N, S, T, __VA_ARGS__)

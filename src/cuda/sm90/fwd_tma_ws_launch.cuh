@@ -5,6 +5,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -14,9 +17,23 @@
 
 namespace flashkv::cuda::sm90 {
 
+/// How the CTAs cover the tiles: kAuto = persistent (one CTA per SM striding over the tiles) without a mask
+/// (equal tiles), one tile per CTA with one (causal / window: the hardware hands the longest tiles out first).
+enum class WsSchedule { kAuto, kSingleTile, kPersistent };
+
+inline int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
 /// Launches fwd_tma_ws_kernel<Mainloop> on `stream`; returns the launch error (cudaSuccess when launched).
 template <class Mainloop>
-cudaError_t run_fwd_tma_ws(const FwdParams& p, cudaStream_t stream) {
+cudaError_t run_fwd_tma_ws(const FwdParams& p, cudaStream_t stream, WsSchedule schedule = WsSchedule::kAuto) {
   using T = typename Mainloop::T;
   if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr)
     throw std::invalid_argument("fwd_tma_ws: varlen (cu_seqlens) is not supported by this kernel yet");
@@ -37,8 +54,15 @@ cudaError_t run_fwd_tma_ws(const FwdParams& p, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Mainloop::kSmemBytes);
   if (attr != cudaSuccess) return attr;
-  const dim3 grid = SingleTileSchedulerWs::grid<Mainloop::kBlockM>(p);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  tp.num_m_blocks = (p.seqlen_q + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+  const int64_t tiles = int64_t(tp.num_m_blocks) * p.num_heads * p.batch;
+  if (tiles == 0) return cudaSuccess;
+  if (tiles > INT32_MAX) throw std::invalid_argument("fwd_tma_ws: more than 2^31 work tiles");
+  tp.num_tiles = static_cast<int>(tiles);
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  const bool persistent =
+      schedule == WsSchedule::kPersistent || (schedule == WsSchedule::kAuto && !masked);
+  const int grid = persistent ? static_cast<int>(std::min<int64_t>(tiles, num_sms())) : tp.num_tiles;
   kernel<<<grid, Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(tp);
   return cudaGetLastError();
 }

@@ -36,7 +36,7 @@
 
 namespace flashkv::cuda::sm90 {
 
-/// Compile-time switches of the TMA warp-specialized forward (all on = the full kernel).
+/// Compile-time switches of the TMA warp-specialized forward (defaults = the full kernel).
 struct TmaWsOptions {
   bool tma = true;               ///< TMA copies (else cp.async by a producer warpgroup)
   bool warp_specialized = true;  ///< producer warpgroup + setmaxnreg (else consumers issue the copies)
@@ -44,21 +44,27 @@ struct TmaWsOptions {
   bool intra_overlap = true;     ///< S_{j} GEMM and P_{j-1} V GEMM in flight during softmax(S_j)
   int exp2_emu_eighths = 0;      ///< share of exponentials on the FMA pipe, in eighths (0 = all on MUFU)
   bool cond_rescale = true;      ///< FA4 conditional rescaling (else O is rescaled every tile)
+  bool defer_rescale = true;     ///< rescale O after issuing the next S GEMM, under it (FA3), not before
+  bool smem_epilogue = false;    ///< stage O through the Q tile (Q reload waits for it) instead of direct stores
 };
 
-/// Kernel parameters: the forward parameter block plus the tensor maps of Q, K, V (passed as __grid_constant__).
+/// Kernel parameters: the forward parameter block, the tensor maps of Q, K, V (passed as __grid_constant__), and the
+/// tile space the CTAs stride over (query blocks fastest, last block first; a CTA takes blockIdx.x + i * gridDim.x).
 struct TmaWsParams {
   FwdParams p;
   CUtensorMap tma_q;
   CUtensorMap tma_k;
   CUtensorMap tma_v;
+  int num_m_blocks = 0;
+  int num_tiles = 0;
 };
 
-/// The (query block, head, batch) of one CTA and the K/V tiles [n_min, n_max) its rows can see.
+/// The (query block, head, batch) of one work tile and the K/V tiles [n_min, n_max) its rows can see.
 struct WsBlock {
   int m_block, h, b, hk, m0;
   int n_min, n_max;
   core::MaskRule rule;
+  __device__ __forceinline__ int num_kv() const { return n_max - n_min; }
 };
 
 template <int kHeadDim_, int kBlockN_, int kStages_, class T_, TmaWsOptions kOpt_>
@@ -71,8 +77,11 @@ struct MainloopFwdTmaWs {
   static constexpr bool kPingpong = kOpt.pingpong && kWS;
   static constexpr int kProducerThreads = kWS ? 128 : 0;
   static constexpr int kThreads = kProducerThreads + 128 * kConsumerWGs;
-  static constexpr int kProducerRegs = kOpt.tma ? 24 : 32;
-  static constexpr int kConsumerRegs = 240;  // 128 * 32 + 256 * 240 = 64K registers
+  // setmaxnreg moves registers inside the 168/thread the launch allocates (65536 / 384, rounded down to 8): the
+  // consumers' increase must be covered by the producer's decrease, 128 * (168 - P) >= 256 * (C - 168).
+  static constexpr int kProducerRegs = kOpt.tma ? 24 : 40;
+  static constexpr int kConsumerRegs = kOpt.tma ? 240 : 232;
+  static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg would wait forever");
   static_assert(kOpt.tma || kWS, "the cp.async producer is a warpgroup of its own");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "one m64nDk16 wgmma for P V");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "P V steps 16 keys; one wgmma for S");
@@ -86,7 +95,7 @@ struct MainloopFwdTmaWs {
   static constexpr int kOffK = kOffQ + TileQ::kBytes;
   static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
   static constexpr int kOffBar = kOffV + kStages * TileKV::kBytes;
-  static constexpr int kNumBars = 1 + 4 * kStages;  // q_full, k_full[], k_empty[], v_full[], v_empty[]
+  static constexpr int kNumBars = 2 + 4 * kStages;  // q_full, q_empty, k_full[], k_empty[], v_full[], v_empty[]
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + base alignment
   static constexpr int kFullArrivals = kOpt.tma ? 1 : 128;          // TMA: the expect_tx arrival; cp.async: every thread
   static constexpr int kEmptyArrivals = 4 * kConsumerWGs;           // lane 0 of every consumer warp
@@ -99,17 +108,18 @@ struct MainloopFwdTmaWs {
   __device__ __forceinline__ uint32_t sQ() const { return base + kOffQ; }
   __device__ __forceinline__ uint32_t sK(int st) const { return base + kOffK + st * TileKV::kBytes; }
   __device__ __forceinline__ uint32_t sV(int st) const { return base + kOffV + st * TileKV::kBytes; }
-  __device__ __forceinline__ uint32_t bar_q() const { return base + kOffBar; }
-  __device__ __forceinline__ uint32_t bar_k_full(int st) const { return base + kOffBar + 8 * (1 + st); }
-  __device__ __forceinline__ uint32_t bar_k_empty(int st) const { return base + kOffBar + 8 * (1 + kStages + st); }
-  __device__ __forceinline__ uint32_t bar_v_full(int st) const { return base + kOffBar + 8 * (1 + 2 * kStages + st); }
-  __device__ __forceinline__ uint32_t bar_v_empty(int st) const {
-    return base + kOffBar + 8 * (1 + 3 * kStages + st);
-  }
+  __device__ __forceinline__ uint32_t bar(int i) const { return base + kOffBar + 8 * i; }
+  __device__ __forceinline__ uint32_t bar_q_full() const { return bar(0); }
+  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar(1); }
+  __device__ __forceinline__ uint32_t bar_k_full(int st) const { return bar(2 + st); }
+  __device__ __forceinline__ uint32_t bar_k_empty(int st) const { return bar(2 + kStages + st); }
+  __device__ __forceinline__ uint32_t bar_v_full(int st) const { return bar(2 + 2 * kStages + st); }
+  __device__ __forceinline__ uint32_t bar_v_empty(int st) const { return bar(2 + 3 * kStages + st); }
 
   /// One thread, before the CTA barrier that precedes any use.
   __device__ __forceinline__ void init_barriers(const TmaWsParams& tp) const {
-    mbar_init(bar_q(), kFullArrivals);
+    mbar_init(bar_q_full(), kFullArrivals);
+    mbar_init(bar_q_empty(), kEmptyArrivals);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bar_k_full(st), kFullArrivals);
@@ -125,25 +135,34 @@ struct MainloopFwdTmaWs {
     }
   }
 
+  /// Ring positions (K ring, V ring, Q buffer); the producer and every consumer thread keep their own copy, carried
+  /// from one work tile to the next.
+  struct Pipes {
+    PipeState<kStages> ks{}, vs{};
+    uint32_t q_phase = 0;
+  };
+
   // ---- producer -----------------------------------------------------------------------------------------------
-  // Load order (items): K_0, then K_j, V_{j-1} for j = 1 .. T-1, then V_{T-1}: the consumers need K_j before
-  // V_{j-1} (intra-warpgroup overlap issues S_j first). K and V have separate rings so a K stage is released as
-  // soon as its S GEMM completes.
+  // Load order (items) of a work tile: K_0, Q, then K_j, V_{j-1} for j = 1 .. T-1, then V_{T-1}: the consumers need
+  // K_j before V_{j-1} (intra-warpgroup overlap issues S_j first). K and V have separate rings so a K stage is
+  // released as soon as its S GEMM completes; Q is reloaded once the consumers released the previous tile's.
   struct Producer {
     const MainloopFwdTmaWs& ml;
     const TmaWsParams& tp;
-    const WsBlock& blk;
-    int num_tiles;
+    Pipes pipes{};
+    const WsBlock* blk = nullptr;
+    int num_tiles = 0;
     int next = 0;
-    PipeState<kStages> ks{}, vs{};
     uint32_t pending = 0;  // cp.async: full barrier of the last issued copy group, arrived once that group landed
+
+    __device__ __forceinline__ Producer(const MainloopFwdTmaWs& m, const TmaWsParams& p) : ml(m), tp(p) {}
 
     __device__ __forceinline__ void tile_tma(const CUtensorMap* map, uint32_t dst, uint32_t bar, uint32_t bytes,
                                              int row, int head, uint32_t panel_bytes) const {
       mbar_arrive_expect_tx(bar, bytes);
 #pragma unroll
       for (int pnl = 0; pnl < kPanels; ++pnl)
-        tma_load_4d(dst + pnl * panel_bytes, map, bar, pnl * 64, row, head, blk.b);
+        tma_load_4d(dst + pnl * panel_bytes, map, bar, pnl * 64, row, head, blk->b);
     }
     template <class Tile>
     __device__ __forceinline__ void tile_cpasync(uint32_t dst, const T* src, int64_t row_stride, int valid_rows,
@@ -171,33 +190,37 @@ struct MainloopFwdTmaWs {
     }
 
     __device__ __forceinline__ void load_q() {
+      mbar_wait(ml.bar_q_empty(), pipes.q_phase ^ 1u);
       if constexpr (kOpt.tma) {
-        tile_tma(&tp.tma_q, ml.sQ(), ml.bar_q(), TileQ::kBytes, blk.m0, blk.h, TileQ::kPanelBytes);
+        tile_tma(&tp.tma_q, ml.sQ(), ml.bar_q_full(), TileQ::kBytes, blk->m0, blk->h, TileQ::kPanelBytes);
       } else {
-        const T* q = static_cast<const T*>(tp.p.q) + blk.b * tp.p.q_s.batch + int64_t(blk.m0) * tp.p.q_s.row +
-                     blk.h * tp.p.q_s.head;
-        tile_cpasync<TileQ>(ml.sQ(), q, tp.p.q_s.row, tp.p.seqlen_q - blk.m0, ml.bar_q());
+        const T* q = static_cast<const T*>(tp.p.q) + blk->b * tp.p.q_s.batch + int64_t(blk->m0) * tp.p.q_s.row +
+                     blk->h * tp.p.q_s.head;
+        tile_cpasync<TileQ>(ml.sQ(), q, tp.p.q_s.row, tp.p.seqlen_q - blk->m0, ml.bar_q_full());
       }
+      pipes.q_phase ^= 1u;
     }
     __device__ __forceinline__ void load_kv(bool is_v, int tile) {
-      PipeState<kStages>& st = is_v ? vs : ks;
-      const int n = blk.n_max - 1 - tile;
+      PipeState<kStages>& st = is_v ? pipes.vs : pipes.ks;
+      const int n = blk->n_max - 1 - tile;
       mbar_wait(is_v ? ml.bar_v_empty(st.index) : ml.bar_k_empty(st.index), st.phase ^ 1u);
       const uint32_t dst = is_v ? ml.sV(st.index) : ml.sK(st.index);
       const uint32_t bar = is_v ? ml.bar_v_full(st.index) : ml.bar_k_full(st.index);
       if constexpr (kOpt.tma) {
-        tile_tma(is_v ? &tp.tma_v : &tp.tma_k, dst, bar, TileKV::kBytes, n * kBlockN, blk.hk, TileKV::kPanelBytes);
+        tile_tma(is_v ? &tp.tma_v : &tp.tma_k, dst, bar, TileKV::kBytes, n * kBlockN, blk->hk, TileKV::kPanelBytes);
       } else {
         const TensorStrides& s = is_v ? tp.p.v_s : tp.p.k_s;
-        const T* g = static_cast<const T*>(is_v ? tp.p.v : tp.p.k) + blk.b * s.batch +
-                     int64_t(n) * kBlockN * s.row + blk.hk * s.head;
+        const T* g = static_cast<const T*>(is_v ? tp.p.v : tp.p.k) + blk->b * s.batch +
+                     int64_t(n) * kBlockN * s.row + blk->hk * s.head;
         tile_cpasync<TileKV>(dst, g, s.row, tp.p.seqlen_k - n * kBlockN, bar);
       }
       st.advance();
     }
+    /// Item 0 is K_0 followed by Q; the rest as above.
     __device__ __forceinline__ void issue(int item) {
       if (item == 0) {
         load_kv(false, 0);
+        load_q();
       } else if (item == 2 * num_tiles - 1) {
         load_kv(true, num_tiles - 1);
       } else if (item & 1) {
@@ -206,50 +229,65 @@ struct MainloopFwdTmaWs {
         load_kv(true, item / 2 - 1);
       }
     }
-    /// Issues items up to and including `last` (clipped to the sequence).
+    __device__ __forceinline__ void begin(const WsBlock& b) {
+      blk = &b;
+      num_tiles = b.num_kv();
+      next = 0;
+    }
+    /// Issues the current work tile's items up to and including `last` (clipped to the tile's sequence).
     __device__ __forceinline__ void issue_upto(int last) {
       last = last < 2 * num_tiles - 1 ? last : 2 * num_tiles - 1;
       for (; next <= last; ++next) issue(next);
-    }
-    __device__ __forceinline__ void finish() {
-      if constexpr (!kOpt.tma) land_pending<0>();
+      if constexpr (!kOpt.tma) {
+        if (next == 2 * num_tiles) land_pending<0>();  // the tile's last group lands before the next tile starts
+      }
     }
   };
 
-  /// Warp-specialized producer: the whole load sequence (one elected thread for TMA, the warpgroup for cp.async).
-  __device__ __forceinline__ void produce(const TmaWsParams& tp, const WsBlock& blk) const {
-    const int num_tiles = blk.n_max - blk.n_min;
-    if (num_tiles <= 0) return;
-    if constexpr (kOpt.tma) {
-      if (threadIdx.x != 0) return;
-    }
-    Producer pr{*this, tp, blk, num_tiles};
-    pr.load_q();
-    pr.issue_upto(2 * num_tiles - 1);
-    pr.finish();
+  /// Warp-specialized producer, one work tile (one elected thread for TMA, the warpgroup for cp.async).
+  __device__ __forceinline__ void produce(Producer& pr, const WsBlock& blk) const {
+    if (blk.num_kv() <= 0) return;
+    pr.begin(blk);
+    pr.issue_upto(2 * blk.num_kv() - 1);
   }
 
   // ---- consumers ----------------------------------------------------------------------------------------------
-  /// Runs the consumer warpgroup `wg` (thread ctid in [0, 256)) over all visible K/V tiles; leaves the unnormalized
-  /// O in `o` and the row state in `sm`.
+  /// Pingpong start / end, once per CTA (the chain of named-barrier turns runs across work tiles).
+  __device__ __forceinline__ static void pingpong_begin(int ctid) {
+    if constexpr (kPingpong) {
+      if (ctid >= 128) named_bar_arrive(kBarPingpong + 0, 256);  // warpgroup 0 issues first
+    }
+  }
+  __device__ __forceinline__ static void pingpong_end(int ctid) {
+    if constexpr (kPingpong) {
+      if (ctid < 128) named_bar_sync(kBarPingpong + 0, 256);  // consume warpgroup 1's last arrival
+    }
+  }
+  /// Consumers release the Q tile of the current work tile (each warp once its reads of it are done).
+  __device__ __forceinline__ void release_q(Pipes& pipes, int ctid) const {
+    if (ctid % 32 == 0) mbar_arrive(bar_q_empty());
+    pipes.q_phase ^= 1u;
+  }
+
+  /// Runs consumer thread ctid in [0, 256) (warpgroup ctid / 128) over the visible K/V tiles of one work tile;
+  /// leaves the unnormalized O in `o` and the row state in `sm`. `pr` issues the copies when not warp-specialized.
   __device__ __forceinline__ void mma(const TmaWsParams& tp, const WsBlock& blk, int ctid, float (&o)[kHeadDim / 2],
-                                      Softmax& sm) const {
+                                      Softmax& sm, Pipes& pipes, Producer& pr) const {
     const FwdParams& p = tp.p;
     const int wg = ctid / 128, warp = (ctid / 32) % 4, lane = ctid % 32;
     const int g = lane / 4, t = lane % 4;
     const int row_in_block = 64 * wg + 16 * warp + g;  // + 8*hh
-    const int num_tiles = blk.n_max - blk.n_min;
+    const int num_tiles = blk.num_kv();
     const float scale_log2 = p.softmax_scale_log2;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
     if (num_tiles <= 0) return;
 
-    // No warp specialization: thread 0 issues the copies, S - 1 tiles ahead.
-    Producer pr{*this, tp, blk, num_tiles};
+    // No warp specialization: thread 0 issues the copies, kStages - 1 tiles ahead.
     auto produce_ahead = [&](int tile) {
       if constexpr (!kWS) {
         if (ctid == 0) {
-          if (tile == 0) pr.load_q();
+          if (tile == 0) pr.begin(blk);
           pr.issue_upto(2 * (tile + kStages - 1));
         }
         __syncwarp();
@@ -263,6 +301,8 @@ struct MainloopFwdTmaWs {
 
     float s[kBlockN / 2];
     uint32_t pa[kBlockN / 16][4];
+    PipeState<kStages>& ks = pipes.ks;
+    PipeState<kStages>& vs = pipes.vs;
 
     auto issue_s = [&](int st) {
       wgmma_fence();
@@ -290,8 +330,8 @@ struct MainloopFwdTmaWs {
     auto pp_arrive = [&] {
       if constexpr (kPingpong) named_bar_arrive(kBarPingpong + (wg ^ 1), 256);
     };
-    auto release = [&](uint32_t bar) {
-      if (lane == 0) mbar_arrive(bar);
+    auto release = [&](uint32_t b) {
+      if (lane == 0) mbar_arrive(b);
     };
     auto apply_mask = [&](int n) {
       const int n0 = n * kBlockN;
@@ -348,12 +388,8 @@ struct MainloopFwdTmaWs {
         for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(pa[kk][r])::"memory");
     };
 
-    PipeState<kStages> ks{}, vs{};
     produce_ahead(0);
-    mbar_wait(bar_q(), 0);
-    if constexpr (kPingpong) {
-      if (wg == 1) named_bar_arrive(kBarPingpong + 0, 256);  // warpgroup 0 issues first
-    }
+    mbar_wait(bar_q_full(), pipes.q_phase);
     float corr[2];
     if constexpr (kOpt.intra_overlap) {
       // Tile 0: S only.
@@ -367,6 +403,7 @@ struct MainloopFwdTmaWs {
       ks.advance();
       softmax(blk.n_max - 1, std::true_type{}, corr);
       convert_p();
+      bool rescale = false;  // deferred: corr of the last softmax, applied before the next P V
       for (int i = 1; i < num_tiles; ++i) {
         const int n = blk.n_max - 1 - i;
         produce_ahead(i);
@@ -374,29 +411,38 @@ struct MainloopFwdTmaWs {
         mbar_wait(bar_v_full(vs.index), vs.phase);
         pp_sync();
         issue_s(ks.index);
+        if constexpr (kOpt.defer_rescale) {
+          if (rescale) rescale_o(corr);  // under the S GEMM; O is in the scale of P_{i-1} from here on
+        }
         issue_pv(vs.index);
         pp_arrive();
         wgmma_wait<1>();  // S_i landed; P_{i-1} V_{i-1} may still run
         fence_operands(s);
         release(bar_k_empty(ks.index));
         ks.advance();
-        const bool rescale = softmax(n, std::false_type{}, corr);
+        rescale = softmax(n, std::false_type{}, corr);
         wgmma_wait<0>();
         fence_operands(o);
         fence_pa();
         release(bar_v_empty(vs.index));
         vs.advance();
-        if (rescale) rescale_o(corr);
+        if constexpr (!kOpt.defer_rescale) {
+          if (rescale) rescale_o(corr);
+        }
         convert_p();
       }
       mbar_wait(bar_v_full(vs.index), vs.phase);
       pp_sync();
+      if constexpr (kOpt.defer_rescale) {
+        if (rescale) rescale_o(corr);
+      }
       issue_pv(vs.index);
       pp_arrive();
       wgmma_wait<0>();
       fence_operands(o);
       fence_pa();
       release(bar_v_empty(vs.index));
+      vs.advance();
     } else {
       for (int i = 0; i < num_tiles; ++i) {
         const int n = blk.n_max - 1 - i;
@@ -427,9 +473,6 @@ struct MainloopFwdTmaWs {
         release(bar_v_empty(vs.index));
         vs.advance();
       }
-    }
-    if constexpr (kPingpong) {
-      if (wg == 0) named_bar_sync(kBarPingpong + 0, 256);  // consume warpgroup 1's last arrival
     }
   }
 };
