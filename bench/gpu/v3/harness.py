@@ -199,7 +199,7 @@ def flops(b, h, s, d, causal):
     return 4 * b * h * s * s * d / (2 if causal else 1)
 
 
-def cmd_bench(lib_path, outdir, only, seqlens, skip=()):
+def cmd_bench(lib_path, outdir, only, seqlens, skip=(), pass_no=1):
     import triton.testing as tt
     lib, variants = load(lib_path)
     try:
@@ -213,7 +213,7 @@ def cmd_bench(lib_path, outdir, only, seqlens, skip=()):
     def bench(fn):
         return tt.do_bench(fn, return_mode="median", **reps)
 
-    done = {(r["d"], r["s"], r["causal"]) for r in read_jsonl(os.path.join(outdir, "bench.jsonl"))}
+    done = {(r["d"], r["s"], r["causal"], r.get("pass", 1)) for r in read_jsonl(os.path.join(outdir, "bench.jsonl"))}
     with open(os.path.join(outdir, "bench.jsonl"), "a") as f:
         for d in (64, 128, 256):
             h = 2048 // d
@@ -226,10 +226,10 @@ def cmd_bench(lib_path, outdir, only, seqlens, skip=()):
                 lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 for causal in (False, True):
-                    if (d, s, causal) in done:
+                    if (d, s, causal, pass_no) in done:
                         continue
                     fl = flops(b, h, s, d, causal)
-                    rec = dict(kind="bench", d=d, s=s, b=b, h=h, causal=causal, tflops={})
+                    rec = dict(kind="bench", d=d, s=s, b=b, h=h, causal=causal, tflops={}, **{"pass": pass_no})
                     if fa3 is not None:
                         rec["tflops"]["fa3"] = fl / bench(lambda: fa3.flash_attn_func(q, k, v, causal=causal)) / 1e9
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -265,9 +265,26 @@ def read_jsonl(path):
     return [json.loads(x) for x in open(path) if x.strip()]
 
 
+def merge_passes(rows):
+    """One row per (d, s, causal): each kernel's mean TFLOP/s over the passes, and its spread (max-min)/mean."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["d"], r["s"], r["causal"]), []).append(r)
+    out = []
+    for (d, s, c), rs in groups.items():
+        names = list(dict.fromkeys(k for r in rs for k in r["tflops"]))
+        t, spread = {}, {}
+        for k in names:
+            vals = [r["tflops"][k] for r in rs if k in r["tflops"]]
+            t[k] = sum(vals) / len(vals)
+            spread[k] = (max(vals) - min(vals)) / t[k] if len(vals) > 1 else 0.0
+        out.append(dict(d=d, s=s, causal=c, tflops=t, spread=spread, passes=len(rs)))
+    return out
+
+
 def cmd_table(outdir):
     checks = read_jsonl(os.path.join(outdir, "check.jsonl"))
-    benches = read_jsonl(os.path.join(outdir, "bench.jsonl"))
+    benches = merge_passes(read_jsonl(os.path.join(outdir, "bench.jsonl")))
     lines = []
     if checks:
         lines.append("## correctness (err/naive <= 2 passes; lse abs err)")
@@ -288,6 +305,12 @@ def cmd_table(outdir):
                          f"({best_k.split('/')[-1] if best_k else '-'}) | {t.get('fa3', float('nan')):.0f} | "
                          f"{t.get('cudnn', float('nan')):.0f} | {t.get(f'sm90v1/hd{d}', float('nan')):.0f} | "
                          f"{full / anchor:.2f} | {ws.get(best_k, float('nan')) / anchor:.2f} |")
+        sp = [(r["spread"].get(k, 0), k, r["d"], r["s"], r["causal"]) for r in benches for k in r["spread"]]
+        if sp and benches[0]["passes"] > 1:
+            big = sorted(sp, reverse=True)[:4]
+            lines.append(f"\nmeans of {benches[0]['passes']} passes; largest pass-to-pass spreads: " +
+                         "; ".join(f"{k} d{d} s{s} c{int(c)} {x:.0%}" for x, k, d, s, c in big) +
+                         f"; median spread {sorted(x[0] for x in sp)[len(sp) // 2]:.1%}")
         lines.append("\n## ablation: TFLOP/s of each variant (ws/hd<d>/<tag>)")
         tags = []
         for r in benches:
@@ -315,7 +338,7 @@ def cmd_table(outdir):
     print("\n".join(x for x in lines if not x.startswith(("ws/", "sm90v1/", "## correctness"))))
 
 
-def cmd_drive(lib_path, outdir, seqlens, budget_s):
+def cmd_drive(lib_path, outdir, seqlens, budget_s, passes=1):
     """check, then bench, each in subprocesses restarted past a variant that hangs or crashes; then the tables."""
     import subprocess
     t_start = time.time()
@@ -357,8 +380,9 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s):
         return
     skip = sorted(set(bad) | set(failed))
     print("bench skips (crashed or failed the check):", skip, flush=True)
-    stage(["bench", lib_path, outdir, "--seqlens", ",".join(map(str, seqlens)), "--skipv", ",".join(skip) or ","],
-          "crashed.jsonl")
+    for k in range(1, passes + 1):
+        stage(["bench", lib_path, outdir, "--seqlens", ",".join(map(str, seqlens)), "--pass", str(k),
+               "--skipv", ",".join(skip) or ","], "crashed.jsonl")
     cmd_table(outdir)
 
 
@@ -403,10 +427,11 @@ def main():
     elif cmd == "bench":
         seqlens = [int(x) for x in opt.get("seqlens", "512,2048,8192,16384").split(",")]
         skip = set(filter(None, opt.get("skip", "").split(","))) | set(filter(None, opt.get("skipv", "").split(",")))
-        cmd_bench(args[0], args[1], set(filter(None, opt.get("only", "").split(","))), seqlens, skip)
+        cmd_bench(args[0], args[1], set(filter(None, opt.get("only", "").split(","))), seqlens, skip,
+                  int(opt.get("pass", "1")))
     elif cmd == "drive":
         seqlens = [int(x) for x in opt.get("seqlens", "512,2048,8192,16384").split(",")]
-        cmd_drive(args[0], args[1], seqlens, float(opt.get("budget", "300")))
+        cmd_drive(args[0], args[1], seqlens, float(opt.get("budget", "300")), int(opt.get("passes", "1")))
     elif cmd == "once":
         cmd_once(args[0], args[1], int(args[2]), int(args[3]), bool(int(args[4])))
     elif cmd == "table":

@@ -22,7 +22,7 @@ if ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2> /tmp/v3
   lib=/tmp/v3lib/libv3.so
 fi
 echo "setup $(( $(date +%s) - t0 )) s"
-PYTHONUNBUFFERED=1 python3 "$here/harness.py" drive "$lib" "$OUT" "$@" > "$OUT/harness.log" 2>&1
+PYTHONUNBUFFERED=1 timeout "${V3_TIMEOUT:-500}" python3 "$here/harness.py" drive "$lib" "$OUT" "$@" > "$OUT/harness.log" 2>&1
 rc=$?
 grep -E "^(check|DONE .*FAIL|HANG|stage exited|bench skips|FA3|Traceback|RuntimeError)" "$OUT/harness.log" | cut -c1-300 | tail -30
 echo "harness rc $rc, total $(( $(date +%s) - t0 )) s"

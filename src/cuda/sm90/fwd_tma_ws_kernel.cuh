@@ -107,7 +107,6 @@ __global__ void __launch_bounds__(Mainloop::kThreads, 1) fwd_tma_ws_kernel(const
       float o[Mainloop::kHeadDim / 2];
       typename Mainloop::Softmax sm;
       ml.mma(tp, blk, ctid, o, sm, pipes, pr);
-      if (!Mainloop::kOpt.smem_epilogue && blk.num_kv() > 0) ml.release_q(pipes, ctid);
       EpilogueFwdWs<Mainloop>::store(tp.p, blk, smem + Mainloop::kOffQ, ctid, o, sm);
       if (Mainloop::kOpt.smem_epilogue && blk.num_kv() > 0) ml.release_q(pipes, ctid);
     }

@@ -45,7 +45,7 @@ cudaError_t run_fwd_tma_ws(const FwdParams& p, cudaStream_t stream, WsSchedule s
   TmaWsParams tp;
   tp.p = p;
   tp.tma_q = make_tma_map_4d(p.q, dt, 2, p.head_dim, p.seqlen_q, p.num_heads, p.batch, p.q_s.row, p.q_s.head,
-                             p.q_s.batch, Mainloop::kBlockM);
+                             p.q_s.batch, 64);  // one box per consumer warpgroup's half
   tp.tma_k = make_tma_map_4d(p.k, dt, 2, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.k_s.row, p.k_s.head,
                              p.k_s.batch, Mainloop::kBlockN);
   tp.tma_v = make_tma_map_4d(p.v, dt, 2, p.head_dim, p.seqlen_k, p.num_heads_kv, p.batch, p.v_s.row, p.v_s.head,

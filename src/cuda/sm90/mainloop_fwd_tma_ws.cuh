@@ -95,10 +95,11 @@ struct MainloopFwdTmaWs {
   static constexpr int kOffK = kOffQ + TileQ::kBytes;
   static constexpr int kOffV = kOffK + kStages * TileKV::kBytes;
   static constexpr int kOffBar = kOffV + kStages * TileKV::kBytes;
-  static constexpr int kNumBars = 2 + 4 * kStages;  // q_full, q_empty, k_full[], k_empty[], v_full[], v_empty[]
+  static constexpr int kNumBars = 4 + 4 * kStages;  // q_full[2], q_empty[2], k_full[], k_empty[], v_full[], v_empty[]
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + base alignment
   static constexpr int kFullArrivals = kOpt.tma ? 1 : 128;          // TMA: the expect_tx arrival; cp.async: every thread
   static constexpr int kEmptyArrivals = 4 * kConsumerWGs;           // lane 0 of every consumer warp
+  static constexpr int kQHalfBytes = TileQ::kBytes / 2;             // one consumer warpgroup's 64 rows
   static constexpr int kBarPingpong = 1;                            // named barriers 1, 2 (0 is __syncthreads)
   static_assert(kSmemBytes <= 227 * 1024, "tile configuration exceeds Hopper's shared memory per block");
 
@@ -109,17 +110,22 @@ struct MainloopFwdTmaWs {
   __device__ __forceinline__ uint32_t sK(int st) const { return base + kOffK + st * TileKV::kBytes; }
   __device__ __forceinline__ uint32_t sV(int st) const { return base + kOffV + st * TileKV::kBytes; }
   __device__ __forceinline__ uint32_t bar(int i) const { return base + kOffBar + 8 * i; }
-  __device__ __forceinline__ uint32_t bar_q_full() const { return bar(0); }
-  __device__ __forceinline__ uint32_t bar_q_empty() const { return bar(1); }
-  __device__ __forceinline__ uint32_t bar_k_full(int st) const { return bar(2 + st); }
-  __device__ __forceinline__ uint32_t bar_k_empty(int st) const { return bar(2 + kStages + st); }
-  __device__ __forceinline__ uint32_t bar_v_full(int st) const { return bar(2 + 2 * kStages + st); }
-  __device__ __forceinline__ uint32_t bar_v_empty(int st) const { return bar(2 + 3 * kStages + st); }
+  /// Q is two halves, one per consumer warpgroup (rows 64w .. 64w + 63 of every panel), each with its own
+  /// full/empty pair, so a warpgroup's next Q loads as soon as its own last S GEMM of the tile is done.
+  __device__ __forceinline__ uint32_t bar_q_full(int w) const { return bar(w); }
+  __device__ __forceinline__ uint32_t bar_q_empty(int w) const { return bar(2 + w); }
+  __device__ __forceinline__ uint32_t bar_k_full(int st) const { return bar(4 + st); }
+  __device__ __forceinline__ uint32_t bar_k_empty(int st) const { return bar(4 + kStages + st); }
+  __device__ __forceinline__ uint32_t bar_v_full(int st) const { return bar(4 + 2 * kStages + st); }
+  __device__ __forceinline__ uint32_t bar_v_empty(int st) const { return bar(4 + 3 * kStages + st); }
 
   /// One thread, before the CTA barrier that precedes any use.
   __device__ __forceinline__ void init_barriers(const TmaWsParams& tp) const {
-    mbar_init(bar_q_full(), kFullArrivals);
-    mbar_init(bar_q_empty(), kEmptyArrivals);
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(bar_q_full(w), kFullArrivals);
+      mbar_init(bar_q_empty(w), 4);  // the warpgroup's four warps
+    }
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bar_k_full(st), kFullArrivals);
@@ -143,7 +149,7 @@ struct MainloopFwdTmaWs {
   };
 
   // ---- producer -----------------------------------------------------------------------------------------------
-  // Load order (items) of a work tile: K_0, Q, then K_j, V_{j-1} for j = 1 .. T-1, then V_{T-1}: the consumers need
+  // Load order (items) of a work tile: K_0, Q (two halves), then K_j, V_{j-1} for j = 1 .. T-1, then V_{T-1}: the consumers need
   // K_j before V_{j-1} (intra-warpgroup overlap issues S_j first). K and V have separate rings so a K stage is
   // released as soon as its S GEMM completes; Q is reloaded once the consumers released the previous tile's.
   struct Producer {
@@ -164,16 +170,17 @@ struct MainloopFwdTmaWs {
       for (int pnl = 0; pnl < kPanels; ++pnl)
         tma_load_4d(dst + pnl * panel_bytes, map, bar, pnl * 64, row, head, blk->b);
     }
-    template <class Tile>
-    __device__ __forceinline__ void tile_cpasync(uint32_t dst, const T* src, int64_t row_stride, int valid_rows,
-                                                 uint32_t bar) {
-      constexpr int kChunksPerRow = kHeadDim / 8, kTotal = Tile::kRows * kChunksPerRow;
+    /// Rows [row0, row0 + kRows) of a Tile-layout buffer at dst from global rows src[0 .. kRows).
+    template <class Tile, int kRows>
+    __device__ __forceinline__ void tile_cpasync(uint32_t dst, int row0, const T* src, int64_t row_stride,
+                                                 int valid_rows, uint32_t bar) {
+      constexpr int kChunksPerRow = kHeadDim / 8, kTotal = kRows * kChunksPerRow;
       const int tid = static_cast<int>(threadIdx.x);  // 0..127: the producer warpgroup
 #pragma unroll 4
       for (int i = tid; i < kTotal; i += 128) {
         const int r = i / kChunksPerRow, c = i % kChunksPerRow;
         const bool ok = r < valid_rows && c * 8 < tp.p.head_dim;
-        cp_async_16_zfill(dst + Tile::offset(r, c), ok ? src + r * row_stride + c * 8 : src, ok);
+        cp_async_16_zfill(dst + Tile::offset(row0 + r, c), ok ? src + r * row_stride + c * 8 : src, ok);
       }
       cp_async_commit_group();
       land_pending<1>();
@@ -190,13 +197,18 @@ struct MainloopFwdTmaWs {
     }
 
     __device__ __forceinline__ void load_q() {
-      mbar_wait(ml.bar_q_empty(), pipes.q_phase ^ 1u);
-      if constexpr (kOpt.tma) {
-        tile_tma(&tp.tma_q, ml.sQ(), ml.bar_q_full(), TileQ::kBytes, blk->m0, blk->h, TileQ::kPanelBytes);
-      } else {
-        const T* q = static_cast<const T*>(tp.p.q) + blk->b * tp.p.q_s.batch + int64_t(blk->m0) * tp.p.q_s.row +
-                     blk->h * tp.p.q_s.head;
-        tile_cpasync<TileQ>(ml.sQ(), q, tp.p.q_s.row, tp.p.seqlen_q - blk->m0, ml.bar_q_full());
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        mbar_wait(ml.bar_q_empty(w), pipes.q_phase ^ 1u);
+        const uint32_t dst = ml.sQ() + w * 64 * 128;
+        if constexpr (kOpt.tma) {
+          tile_tma(&tp.tma_q, dst, ml.bar_q_full(w), kQHalfBytes, blk->m0 + 64 * w, blk->h, TileQ::kPanelBytes);
+        } else {
+          const T* q = static_cast<const T*>(tp.p.q) + blk->b * tp.p.q_s.batch +
+                       int64_t(blk->m0 + 64 * w) * tp.p.q_s.row + blk->h * tp.p.q_s.head;
+          tile_cpasync<TileQ, 64>(ml.sQ(), 64 * w, q, tp.p.q_s.row, tp.p.seqlen_q - blk->m0 - 64 * w,
+                                  ml.bar_q_full(w));
+        }
       }
       pipes.q_phase ^= 1u;
     }
@@ -212,7 +224,7 @@ struct MainloopFwdTmaWs {
         const TensorStrides& s = is_v ? tp.p.v_s : tp.p.k_s;
         const T* g = static_cast<const T*>(is_v ? tp.p.v : tp.p.k) + blk->b * s.batch +
                      int64_t(n) * kBlockN * s.row + blk->hk * s.head;
-        tile_cpasync<TileKV>(dst, g, s.row, tp.p.seqlen_k - n * kBlockN, bar);
+        tile_cpasync<TileKV, kBlockN>(dst, 0, g, s.row, tp.p.seqlen_k - n * kBlockN, bar);
       }
       st.advance();
     }
@@ -263,9 +275,9 @@ struct MainloopFwdTmaWs {
       if (ctid < 128) named_bar_sync(kBarPingpong + 0, 256);  // consume warpgroup 1's last arrival
     }
   }
-  /// Consumers release the Q tile of the current work tile (each warp once its reads of it are done).
+  /// A consumer warp releases its warpgroup's Q half of the current work tile (its reads of it are done).
   __device__ __forceinline__ void release_q(Pipes& pipes, int ctid) const {
-    if (ctid % 32 == 0) mbar_arrive(bar_q_empty());
+    if (ctid % 32 == 0) mbar_arrive(bar_q_empty(ctid / 128));
     pipes.q_phase ^= 1u;
   }
 
@@ -389,7 +401,11 @@ struct MainloopFwdTmaWs {
     };
 
     produce_ahead(0);
-    mbar_wait(bar_q_full(), pipes.q_phase);
+    mbar_wait(bar_q_full(wg), pipes.q_phase);
+    // The warpgroup's last S GEMM of the tile has completed: its Q half may be reloaded for the next tile.
+    auto release_q_early = [&] {
+      if constexpr (!kOpt.smem_epilogue) release_q(pipes, ctid);
+    };
     float corr[2];
     if constexpr (kOpt.intra_overlap) {
       // Tile 0: S only.
@@ -401,6 +417,7 @@ struct MainloopFwdTmaWs {
       fence_operands(s);
       release(bar_k_empty(ks.index));
       ks.advance();
+      if (num_tiles == 1) release_q_early();
       softmax(blk.n_max - 1, std::true_type{}, corr);
       convert_p();
       bool rescale = false;  // deferred: corr of the last softmax, applied before the next P V
@@ -420,6 +437,7 @@ struct MainloopFwdTmaWs {
         fence_operands(s);
         release(bar_k_empty(ks.index));
         ks.advance();
+        if (i == num_tiles - 1) release_q_early();
         rescale = softmax(n, std::false_type{}, corr);
         wgmma_wait<0>();
         fence_operands(o);
@@ -455,6 +473,7 @@ struct MainloopFwdTmaWs {
         fence_operands(s);
         release(bar_k_empty(ks.index));
         ks.advance();
+        if (i == num_tiles - 1) release_q_early();
         bool rescale = false;
         if (i == 0) {
           softmax(n, std::true_type{}, corr);
