@@ -32,7 +32,7 @@ std::string describe() {
   c += " emu" + std::to_string(o.exp2_emu_eighths) + "/8";
   c += o.cond_rescale ? " cond-rescale" : "";
   c += o.defer_rescale ? " deferred-rescale" : "";
-  c += o.smem_epilogue ? " smem-epilogue" : "";
+  c += o.smem_epilogue ? " smem-epilogue" : " direct-epilogue";
   c += kSched == WsSchedule::kAuto ? " sched-auto" : kSched == WsSchedule::kSingleTile ? " single-tile" : " persistent";
   c += std::is_same_v<typename ML::T, __half> ? " fp16" : " bf16";
   return c;
