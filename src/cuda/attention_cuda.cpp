@@ -66,6 +66,8 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
   p.head_dim = static_cast<int32_t>(pr.head_dim);
   p.seqlen_q = static_cast<int32_t>(pr.max_seqlen_q);
   p.seqlen_k = static_cast<int32_t>(pr.max_seqlen_k);
+  p.total_q = pr.total_q;
+  p.total_k = pr.total_k;
   p.window_left = pr.window_size_left;
   p.window_right = pr.window_size_right;
   p.softmax_scale = pr.softmax_scale;
@@ -76,8 +78,9 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
 }
 
 /// The path report of one call (core::record_path): e.g. "attention_forward cuda sm90 fwd hdim128 bfloat16 causal
-/// tiles 128x128", plus "head_dim 59 padded" when a larger compiled head dim runs, "small-smem" when the tile table's
-/// small-shared-memory configuration ran, "padded-copy" when the inputs were copied.
+/// tiles 128x128" or "attention_forward cuda sm90ws fwd hdim128 bfloat16 tiles 128x176 persistent", plus "head_dim
+/// 59 padded" when a larger compiled head dim runs, "small-smem" when the tile table's small-shared-memory
+/// configuration ran, "padded-copy" when the inputs were copied.
 void record(const char* entry, const core::AttentionProblem& pr, const KernelEntry& ke, const char* kind,
             const LaunchInfo& info, bool padded_copy, const char* extra) {
   std::string d = std::string(entry) + " cuda " + kernel_arch_name(ke.arch) + " " + kind + " hdim" +
@@ -92,6 +95,7 @@ void record(const char* entry, const core::AttentionProblem& pr, const KernelEnt
   if (extra != nullptr) d += std::string(" ") + extra;
   d += " tiles " + std::to_string(info.block_m) + "x" + std::to_string(info.block_n);
   if (info.small_smem) d += " small-smem";
+  if (info.schedule != nullptr) d += std::string(" ") + info.schedule;
   if (ke.head_dim != pr.head_dim) d += " head_dim " + std::to_string(pr.head_dim) + " padded";
   if (padded_copy) d += " padded-copy";
   core::record_path(std::move(d));
@@ -140,8 +144,6 @@ bool needs_padding(const core::AttentionProblem& pr) {
 LaunchInfo run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEntry& ke, cudaStream_t st) {
   const int64_t dround = ke.head_dim;
   const int64_t group = pr.num_heads / pr.num_heads_kv;
-  p.total_q = pr.total_q;
-  p.total_k = pr.total_k;
   p.head_dim_rounded = static_cast<int32_t>(dround);
   p.deterministic = pr.deterministic;
   // Workspaces: dq accumulator, D and lse*log2(e), per-query-head dk/dv for GQA, turn counters (deterministic).
@@ -176,7 +178,8 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
   const int64_t dpad = round_up8(pr.head_dim);
   DeviceGuard guard(pr.device_index);
-  const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype);
+  const CallShape shape{pr.max_seqlen_k, pr.causal || pr.window_size_left >= 0 || pr.window_size_right >= 0};
+  const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype, shape);
   auto st = static_cast<cudaStream_t>(stream);
   if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
   FwdParams p;

@@ -1,6 +1,6 @@
 // Hopper (sm_90) asynchronous-pipeline plumbing for the warp-specialized kernels: mbarriers (init, arrive,
 // arrive.expect_tx, parity wait), bulk tensor copies (TMA, `cp.async.bulk.tensor`) that complete on an mbarrier,
-// cp.async arrivals on mbarriers, named barriers, and register reallocation (`setmaxnreg`).
+// named barriers, and register reallocation (`setmaxnreg`). (cp.async itself is common/ptx.cuh's.)
 //
 // Source: PTX ISA 8.x, "Parallel Synchronization and Communication Instructions: mbarrier" (phases, pending
 // arrivals and transaction counts; try_wait.parity), "Data Movement: cp.async.bulk.tensor" (tensor-map-described
@@ -15,10 +15,6 @@
 #include <cstdint>
 
 namespace flashkv::cuda::sm90 {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // ---- mbarriers -----------------------------------------------------------------------------------------------
 
@@ -81,18 +77,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint3
 }
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// ---- cp.async into mbarrier-tracked buffers (the non-TMA producer) -------------------------------------------
-
-__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- named barriers and register reallocation ----------------------------------------------------------------

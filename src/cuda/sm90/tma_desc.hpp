@@ -10,8 +10,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+
+#include "flashkv/error.hpp"
 
 namespace flashkv::cuda::sm90 {
 
@@ -25,7 +26,8 @@ inline EncodeTiledFn encode_tiled_fn() {
     cudaDriverEntryPointQueryResult q{};
     const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
     if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr)
-      throw std::runtime_error("cuTensorMapEncodeTiled is not available from the CUDA driver");
+      throw UnsupportedError("flashkv: the CUDA driver does not provide cuTensorMapEncodeTiled (the sm90ws kernels' "
+                             "TMA needs a driver of CUDA 12.0 or later)");
     return reinterpret_cast<EncodeTiledFn>(p);
   }();
   return fn;
@@ -50,9 +52,10 @@ inline CUtensorMap make_tma_map_4d(const void* base, CUtensorMapDataType dtype, 
   const CUresult r = encode_tiled_fn()(&map, dtype, 4, const_cast<void*>(base), dims, strides, box, estride,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
-                             "): base/strides must be 16-byte aligned");
+  if (r != CUDA_SUCCESS) {  // the host has padded/aligned the tensors (attention_cuda.cpp), so this is not the user's
+    throw Error("flashkv: CUDA error in cuTensorMapEncodeTiled (" + std::to_string(static_cast<int>(r)) + ")",
+                Status::internal);
+  }
   return map;
 }
 
