@@ -10,15 +10,18 @@ flags=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC
        -I"$root/src" -I"$root/include" -I"$here" "$@")
 pids=()
 st=0
-for f in "$here"/v3_*.cu; do
-  nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f" .cu).o" > "$out/$(basename "$f" .cu).log" 2>&1 &
+# The variants use the library's launchers, which need its device helpers and error type: compiled in from src/.
+srcs=("$here"/v3_*.cu "$root/src/cuda/util_kernels.cu" "$root/src/core/error.cpp")
+for f in "${srcs[@]}"; do
+  lang=(); [[ "$f" == *.cpp ]] && lang=(-x cu)
+  nvcc "${flags[@]}" "${lang[@]}" -c "$f" -o "$out/$(basename "${f%.*}").o" > "$out/$(basename "${f%.*}").log" 2>&1 &
   pids+=($!)
   if (( ${#pids[@]} >= ${V3_JOBS:-16} )); then wait "${pids[0]}" || st=1; pids=("${pids[@]:1}"); fi
 done
 for p in "${pids[@]}"; do wait "$p" || st=1; done
-for f in "$here"/v3_*.cu; do
-  l="$out/$(basename "$f" .cu).log"; if [[ -s "$l" ]]; then echo "== $l"; grep -iE "error|warning| [1-9][0-9]* bytes spill" "$l" | head -40 || true; fi
+for f in "${srcs[@]}"; do
+  l="$out/$(basename "${f%.*}").log"; if [[ -s "$l" ]]; then echo "== $l"; grep -iE "error|warning| [1-9][0-9]* bytes spill" "$l" | head -40 || true; fi
 done
 (( st == 0 )) || { echo "compile failed"; exit 1; }
-nvcc "${flags[@]}" -shared "$out"/v3_*.o -o "$out/libv3.so"
+nvcc "${flags[@]}" -shared "$out"/v3_*.o "$out/util_kernels.o" "$out/error.o" -o "$out/libv3.so"
 echo "built $out/libv3.so"

@@ -37,6 +37,7 @@ int v3_run(int variant, const void* q, const void* k, const void* v, void* out, 
     if (lse != nullptr) p.lse_batch = lse_strides[0], p.lse_head = lse_strides[1], p.lse_row = lse_strides[2];
     p.batch = batch, p.num_heads = num_heads, p.num_heads_kv = num_heads_kv, p.head_dim = head_dim;
     p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+    p.total_q = int64_t(batch) * seqlen_q, p.total_k = int64_t(batch) * seqlen_k;
     p.window_left = window_left, p.window_right = window_right;
     p.softmax_scale = softmax_scale;
     p.score_scale = 1.f;

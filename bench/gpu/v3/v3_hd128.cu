@@ -9,7 +9,6 @@ V3_VARIANT("no_pingpong", 128, 176, 2, bf16, .pingpong = false);
 V3_VARIANT("no_overlap", 128, 176, 2, bf16, .intra_overlap = false);
 V3_VARIANT("no_cond_rescale", 128, 176, 2, bf16, .cond_rescale = false);
 V3_VARIANT("rescale_early", 128, 176, 2, bf16, .defer_rescale = false);
-V3_VARIANT("direct_epilogue", 128, 176, 2, bf16, .smem_epilogue = false);
 V3_VARIANT_SCHED("single_tile", WsSchedule::kSingleTile, 128, 176, 2, bf16, );
 V3_VARIANT_SCHED("persistent", WsSchedule::kPersistent, 128, 176, 2, bf16, );
 V3_VARIANT("emu1", 128, 176, 2, bf16, .exp2_emu_eighths = 1);

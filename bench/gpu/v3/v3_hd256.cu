@@ -9,7 +9,6 @@ V3_VARIANT("no_pingpong", 256, 80, 2, bf16, .pingpong = false);
 V3_VARIANT("no_overlap", 256, 80, 2, bf16, .intra_overlap = false);
 V3_VARIANT("no_cond_rescale", 256, 80, 2, bf16, .cond_rescale = false);
 V3_VARIANT("rescale_early", 256, 80, 2, bf16, .defer_rescale = false);
-V3_VARIANT("direct_epilogue", 256, 80, 2, bf16, .smem_epilogue = false);
 V3_VARIANT_SCHED("single_tile", WsSchedule::kSingleTile, 256, 80, 2, bf16, );
 V3_VARIANT_SCHED("persistent", WsSchedule::kPersistent, 256, 80, 2, bf16, );
 V3_VARIANT("emu1", 256, 80, 2, bf16, .exp2_emu_eighths = 1);

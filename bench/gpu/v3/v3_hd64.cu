@@ -11,7 +11,6 @@ V3_VARIANT("no_pingpong", 64, 192, 2, bf16, .pingpong = false);
 V3_VARIANT("no_overlap", 64, 192, 2, bf16, .intra_overlap = false);
 V3_VARIANT("no_cond_rescale", 64, 192, 2, bf16, .cond_rescale = false);
 V3_VARIANT("rescale_early", 64, 192, 2, bf16, .defer_rescale = false);
-V3_VARIANT("direct_epilogue", 64, 192, 2, bf16, .smem_epilogue = false);
 V3_VARIANT_SCHED("single_tile", WsSchedule::kSingleTile, 64, 192, 2, bf16, );
 V3_VARIANT_SCHED("persistent", WsSchedule::kPersistent, 64, 192, 2, bf16, );
 V3_VARIANT("emu1", 64, 192, 2, bf16, .exp2_emu_eighths = 1);

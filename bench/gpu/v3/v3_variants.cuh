@@ -1,6 +1,7 @@
 // Registers TMA warp-specialized forward variants: V3_VARIANT(tag, D, N, S, T, options...) instantiates
-// (V3_VARIANT_SCHED(tag, schedule, ...) with a fixed schedule)
-// MainloopFwdTmaWs<D, N, S, T, TmaWsOptions{options}> and registers it as "ws/hd<D>/<tag>".
+// (V3_VARIANT_SCHED(tag, schedule, ...) with a fixed schedule) the library's mainloop
+// FwdMainloopTmaWs<D, N, S, T, /*softcap*/ false, {TmaWsOptions{options}}> with its launcher (sm90/fwd_tma_ws_launch.cuh,
+// the same kernel the library's sm90ws family runs with the default options) and registers it as "ws/hd<D>/<tag>".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,7 +18,8 @@ using flashkv::cuda::sm90::WsSchedule;
 
 template <class ML, WsSchedule kSched>
 cudaError_t launch(const flashkv::cuda::FwdParams& p, cudaStream_t s) {
-  return flashkv::cuda::sm90::run_fwd_tma_ws<ML>(p, s, kSched);
+  flashkv::cuda::sm90::launch_fwd_tma_ws<ML>(p, s, kSched);  // throws on a launch error (v3_run reports it)
+  return cudaSuccess;
 }
 
 template <class ML, WsSchedule kSched>
@@ -32,7 +34,6 @@ std::string describe() {
   c += " emu" + std::to_string(o.exp2_emu_eighths) + "/8";
   c += o.cond_rescale ? " cond-rescale" : "";
   c += o.defer_rescale ? " deferred-rescale" : "";
-  c += o.smem_epilogue ? " smem-epilogue" : " direct-epilogue";
   c += kSched == WsSchedule::kAuto ? " sched-auto" : kSched == WsSchedule::kSingleTile ? " single-tile" : " persistent";
   c += std::is_same_v<typename ML::T, __half> ? " fp16" : " bf16";
   return c;
@@ -52,8 +53,11 @@ struct RegisterWs {
 
 #define V3_CAT2(a, b) a##b
 #define V3_CAT(a, b) V3_CAT2(a, b)
-#define V3_VARIANT_SCHED(tag, sched, D, N, S, T, ...)                                                           \
-  static v3::RegisterWs<                                                                                         \
-      flashkv::cuda::sm90::MainloopFwdTmaWs<D, N, S, T, flashkv::cuda::sm90::TmaWsOptions{__VA_ARGS__}>, sched> \
+#define V3_VARIANT_SCHED(tag, sched, D, N, S, T, ...)                                                        \
+  struct V3_CAT(opts_, __LINE__) {                                                                          \
+    static constexpr flashkv::cuda::sm90::TmaWsOptions value{__VA_ARGS__};                                  \
+  };                                                                                                          \
+  static v3::RegisterWs<flashkv::cuda::sm90::FwdMainloopTmaWs<D, N, S, T, false, V3_CAT(opts_, __LINE__)>, \
+                        sched>                                                                                \
       V3_CAT(reg_, __LINE__)(tag)
 #define V3_VARIANT(tag, D, N, S, T, ...) V3_VARIANT_SCHED(tag, v3::WsSchedule::kAuto, D, N, S, T, __VA_ARGS__)
