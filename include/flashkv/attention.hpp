@@ -88,8 +88,9 @@ const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
 /// Which CUDA kernel family runs a call on a CUDA device (docs/gpu.md). The family is decided once per call, from the
 /// device, the build and the call's shape: on a compute-capability-9.0 GPU, when this build carries sm_90a code and the
 /// head dim has a Hopper kernel, `automatic` takes for a forward the sm90ws kernel (TMA + wgmma, warp-specialized,
-/// FlashAttention-3 §3.1-3.2) where the H200 measured it faster than sm90 (seqlen_k >= 2048, or head_dim 256, or
-/// head_dim 128 without a causal/window mask; docs/gpu.md "Kernel families"), else the sm90 kernel (wgmma with
+/// FlashAttention-3 §3.1-3.2) where the H200 measured it faster than sm90 (fixed-length calls without softcap with
+/// seqlen_k >= 2048, or head_dim 256, or head_dim 128 without a causal/window mask; docs/gpu.md "Which kernel
+/// runs"), else the sm90 kernel (wgmma with
 /// cp.async; also every backward); on other GPUs the sm80 (mma.sync, FA2-class) kernels. The environment variable
 /// FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean sm80. `sm80` / `sm90`
 /// / `sm90ws` ask for one family: a family the GPU or the build cannot run for this call (sm90/sm90ws on a non-Hopper

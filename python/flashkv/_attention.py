@@ -266,7 +266,8 @@ def attention(
         dtype: None, or "bfloat16" to read uint16 arrays as bfloat16 bit patterns (outputs are uint16 then).
         num_threads: CPU threads, 0 = OpenMP default.
         kernel: CUDA kernel family: "auto" (default: on Hopper where compiled sm90ws, the TMA warp-specialized
-            forward, for seqlen_k >= 2048, head_dim 256, or head_dim 128 without mask, else sm90; elsewhere sm80),
+            forward, for fixed-length calls without softcap with seqlen_k >= 2048, head_dim 256, or head_dim 128
+            without mask, else sm90; elsewhere sm80),
             "sm80", "sm90" or "sm90ws" (forward only); a family the GPU or build cannot run raises
             flashkv.UnsupportedError. CPU tensors take only "auto".
     Returns:

@@ -129,10 +129,22 @@ struct Padded {
   }
 };
 
-bool needs_padding(const core::AttentionProblem& pr) {
+/// TMA tensor maps (the sm90ws forward's q/k/v) take positive strides only: a zero (broadcast) row or head stride, or
+/// a zero batch stride of a fixed-length tensor, goes through the padded copy instead.
+bool tma_strides_ok(const core::Strides3& s, bool varlen) {
+  return s.row > 0 && s.head > 0 && (varlen || s.batch > 0);
+}
+
+/// Whether the inputs must be copied into padded contiguous buffers first (head_dim not a multiple of 8, pointers or
+/// strides not 16-byte aligned; for a TMA kernel also non-positive strides).
+bool needs_padding(const core::AttentionProblem& pr, bool tma = false) {
   bool ok = pr.head_dim % 8 == 0 && aligned16(pr.q) && aligned16(pr.k) && aligned16(pr.v) && aligned16(pr.out) &&
             strides_ok(pr.q_strides) && strides_ok(pr.k_strides) && strides_ok(pr.v_strides) &&
             strides_ok(pr.out_strides);
+  if (tma) {
+    ok = ok && tma_strides_ok(pr.q_strides, pr.is_varlen) && tma_strides_ok(pr.k_strides, pr.is_varlen) &&
+         tma_strides_ok(pr.v_strides, pr.is_varlen);
+  }
   if (pr.is_backward) {
     ok = ok && aligned16(pr.dout) && aligned16(pr.dq) && aligned16(pr.dk) && aligned16(pr.dv) &&
          strides_ok(pr.dout_strides) && strides_ok(pr.dq_strides) && strides_ok(pr.dk_strides) &&
@@ -178,7 +190,8 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
   const int64_t dpad = round_up8(pr.head_dim);
   DeviceGuard guard(pr.device_index);
-  const CallShape shape{pr.max_seqlen_k, pr.causal || pr.window_size_left >= 0 || pr.window_size_right >= 0};
+  const CallShape shape{pr.max_seqlen_k, pr.causal || pr.window_size_left >= 0 || pr.window_size_right >= 0,
+                        pr.is_varlen, pr.softcap > 0.f};
   const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype, shape);
   auto st = static_cast<cudaStream_t>(stream);
   if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
@@ -193,7 +206,7 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   p.v1_ml = v1_ml.as<float>();
   p.v1_rows = static_cast<int32_t>(v1_rows);
   const char* kind_name = kind == KernelKind::fwd_v1 ? "fwd_v1" : "fwd";
-  if (!needs_padding(pr)) {
+  if (!needs_padding(pr, ke.arch == KernelArch::sm90ws)) {
     record("attention_forward", pr, ke, kind_name, ke.fwd()(p, st), false, nullptr);
   } else {
     const RowsView qr = q_rows(pr), kr = k_rows(pr);

@@ -154,7 +154,7 @@ const KernelEntry& select_kernel(KernelKind kind, KernelFamily family, int64_t h
   }
   const KernelEntry& base = find_kernel(kind, head_dim, dtype);
   if ((kind != KernelKind::fwd && kind != KernelKind::bwd) || sm80_only_default() || !device_runs_sm90()) return base;
-  if (kind == KernelKind::fwd && sm90ws_preferred(base.head_dim, shape.seqlen_k, shape.masked)) {
+  if (kind == KernelKind::fwd && sm90ws_preferred(base.head_dim, shape.seqlen_k, shape.masked, shape.varlen, shape.softcap)) {
     if (const KernelEntry* e = fitting(kind, KernelArch::sm90ws, base.head_dim, dtype)) return *e;
   }
   if (const KernelEntry* e = fitting(kind, KernelArch::sm90, base.head_dim, dtype)) return *e;

@@ -56,13 +56,15 @@ const KernelEntry& find_kernel(KernelKind kind, int64_t head_dim, DType dtype);
 struct CallShape {
   int64_t seqlen_k = 0;  ///< fixed-length seqlen_k; varlen: max_seqlen_k
   bool masked = false;   ///< causal or sliding window
+  bool varlen = false;   ///< cu_seqlens given
+  bool softcap = false;  ///< softcap > 0
 };
 
 /// The instantiation that runs a call of (kind, head_dim, dtype) on the current device for the requested family,
 /// decided once per call (device properties cached per device, no locks, no environment reads after the first call):
 ///   auto: the compiled head dim is the smallest sm80 one >= head_dim. When the device runs sm90 kernels
 ///         (device_runs_sm90) and FLASHKV_CUDA_SM80_ONLY is not set: for a forward, the sm90ws kernel of exactly that
-///         head dim where sm90ws_preferred(head_dim, shape) (common/tile_size.hpp: where the H200 measured it ahead),
+///         head dim where sm90ws_preferred(head_dim, shape...) (common/tile_size.hpp: where the H200 measured it ahead),
 ///         else the sm90 kernel of exactly that head dim; each only if it fits the device's shared memory. Else sm80.
 ///   sm80 / sm90 / sm90ws: that family's smallest compiled head dim >= head_dim, or UnsupportedError naming the family
 ///         and why (no such kind in the family, not compiled, not this GPU, not this build, not enough shared memory).

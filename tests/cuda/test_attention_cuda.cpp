@@ -305,17 +305,20 @@ TEST(CudaKernels, FamilyIsDecidedOncePerCall) {
     }
   }
   // The shape part of `auto` (forward): causal hd128 at seqlen 70 stays sm90; hd256 takes sm90ws under a mask too;
-  // seqlen_k >= 2048 takes sm90ws at hd64 (causal).
+  // seqlen_k >= 2048 takes sm90ws at hd64 (causal); softcap (not measured on sm90ws) stays sm90.
   if (hopper_auto) {
     struct Want {
       int d, s;
       bool causal;
+      float softcap;
       const char* family;
     };
-    for (const Want& w : {Want{128, 70, true, " sm90 fwd "}, Want{256, 70, true, " sm90ws fwd "},
-                          Want{64, 2048, true, " sm90ws fwd "}, Want{64, 1024, false, " sm90 fwd "}}) {
+    for (const Want& w : {Want{128, 70, true, 0.f, " sm90 fwd "}, Want{256, 70, true, 0.f, " sm90ws fwd "},
+                          Want{64, 2048, true, 0.f, " sm90ws fwd "}, Want{64, 1024, false, 0.f, " sm90 fwd "},
+                          Want{256, 70, false, 20.f, " sm90 fwd "}}) {
       Case c;
       c.head_dim = w.d, c.batch = 1, c.heads = c.heads_kv = 1, c.seqlen_q = c.seqlen_k = w.s, c.causal = w.causal;
+      c.softcap = w.softcap;
       try {
         EXPECT_TRUE(contains(forward_path(c), w.family)) << core::last_path();
       } catch (const UnsupportedError& e) {
