@@ -32,7 +32,7 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "float64":
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 # flashkv_algorithm
 ALGORITHMS = {"tiled": 0, "v1": 1, "naive": 2}
-KERNEL_FAMILIES = {"auto": 0, "sm80": 1, "sm90": 2}
+KERNEL_FAMILIES = {"auto": 0, "sm80": 1, "sm90": 2, "sm90ws": 3}
 
 
 class UnsupportedError(NotImplementedError):

@@ -28,6 +28,7 @@ struct FwdParams {
   const int32_t* cu_seqlens_k = nullptr;
   int32_t batch = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
   int32_t seqlen_q = 0, seqlen_k = 0;  ///< fixed-length sizes; varlen: max_seqlen_q/k (grid bounds)
+  int64_t total_q = 0, total_k = 0;    ///< rows of the packed q / k tensors (varlen; batch * seqlen otherwise)
 
   int32_t window_left = -1, window_right = -1;
   float softmax_scale = 1.f;
@@ -59,8 +60,6 @@ struct BwdParams : FwdParams {
   int32_t* dq_semaphore = nullptr;  ///< deterministic mode: [batch, num_heads, num_m_blocks] turn counters
   int32_t head_dim_rounded = 0;
   int32_t num_m_blocks = 0;
-  int64_t total_q = 0;
-  int64_t total_k = 0;
   bool deterministic = false;
 };
 
@@ -92,11 +91,12 @@ struct DecodeParams {
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
 };
 
-/// What a launcher ran, for the path report (core::record_path): the tile configuration (kBlockM x kBlockN, warps) and
-/// whether it is the small-shared-memory fallback of its table entry (common/tile_size.hpp).
+/// What a launcher ran, for the path report (core::record_path): the tile configuration (kBlockM x kBlockN, warps),
+/// whether it is the small-shared-memory fallback of its table entry (common/tile_size.hpp) and the tile schedule.
 struct LaunchInfo {
   int block_m = 0, block_n = 0, warps = 0;
   bool small_smem = false;
+  const char* schedule = nullptr;  ///< tile schedule when it is not one tile per CTA ("persistent"), else nullptr
 };
 
 }  // namespace flashkv::cuda

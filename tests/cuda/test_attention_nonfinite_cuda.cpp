@@ -4,8 +4,8 @@
 // do not see the bad value are unaffected. Each case compares the classification {NaN, +inf, -inf, finite} of every
 // output element with a float64 reference written from the definition (explicit mask, NaN-propagating max), and
 // the finite elements with the usual rule (2x / 3x the naive same-precision error), for the default family and
-// for sm80 forced through AttentionOptions::kernel_family. Forward: causal, sliding window, varlen, softcap, -inf
-// logits. Backward: non-finite v under causal masking, and non-finite q / k / dout without masking (with masking
+// for sm80 (and, forward only, sm90ws) forced through AttentionOptions::kernel_family. Forward: causal, sliding
+// window, varlen, softcap, -inf logits. Backward: non-finite v under causal masking, and non-finite q / k / dout without masking (with masking
 // these still leak through the backward's tensor-core GEMMs: docs/gpu.md, "Non-finite inputs", known gap).
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include "core/mask.hpp"
 #include "core/validate.hpp"
 #include "cuda/attention_cuda.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/error.hpp"
@@ -182,7 +183,7 @@ struct Case {
 };
 
 void run_case(const Case& cs) {
-  SCOPED_TRACE(cs.name + (cs.p.family == KernelFamily::sm80 ? " [sm80]" : " [auto]"));
+  SCOPED_TRACE(cs.name + " [" + kernel_family_name(cs.p.family) + "]");
   const Problem& p = cs.p;
   const DType t = DType::bfloat16;
   std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(cs.name));
@@ -368,6 +369,10 @@ void run_all(const std::vector<Case>& cases, KernelFamily f) {
 
 TEST(CudaNonFinite, ForwardFollowsTheDefinition) { run_all(forward_cases(), KernelFamily::automatic); }
 TEST(CudaNonFiniteSm80, ForwardFollowsTheDefinition) { run_all(forward_cases(), KernelFamily::sm80); }
+TEST(CudaNonFiniteSm90ws, ForwardFollowsTheDefinition) {
+  if (!cuda::device_runs_sm90()) GTEST_SKIP() << "no Hopper GPU running sm_90a code";
+  run_all(forward_cases(), KernelFamily::sm90ws);
+}
 TEST(CudaNonFinite, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::automatic); }
 TEST(CudaNonFiniteSm80, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::sm80); }
 
