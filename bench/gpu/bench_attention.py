@@ -117,6 +117,10 @@ class PrevLib:
 
 
 PREV = None  # PrevLib in the --prev-worker process
+try:  # FlashAttention-3's forward (PyPI wheel fa3-fwd==0.0.3; scripts/gpu-run installs it from .whl/ when carried)
+    import fa3_fwd_interface as FA3
+except Exception:  # noqa: BLE001 — the column is then "-"
+    FA3 = None
 
 
 class Sm80OnlyPrev:
@@ -217,6 +221,8 @@ def prefill(dims, seqlens, modes, check):
                         # The two Hopper forward families side by side (an UnsupportedError row elsewhere).
                         fns["flashkv_sm90"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm90")
                         fns["flashkv_sm90ws"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm90ws")
+                        if FA3 is not None:
+                            fns["fa3"] = lambda: FA3.flash_attn_func(qd, kd, vd, causal=causal)
                     else:
                         def fk_fb(det, kernel="auto"):
                             out, lse = fk_forward(qd, kd, vd, causal, kernel=kernel)
@@ -367,9 +373,9 @@ FLASHKV_ROWS = ("flashkv", "flashkv_det", "flashkv_sm80", "flashkv_sm90", "flash
 def prefill_table(rows, paths):
     get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r for r in rows if "mode" in r}
     lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | flashkv sm90 | flashkv sm90ws | prev | "
-             "prev sm80 | SDPA flash | cuDNN | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | "
-             "flashkv/cuDNN | sm90ws/sm90 | paths |",
-             "|" + "---|" * 21]
+             "prev sm80 | SDPA flash | cuDNN | FA3 | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | "
+             "flashkv/cuDNN | flashkv/FA3 | flashkv/max(FA3,cuDNN) | sm90ws/sm90 | paths |",
+             "|" + "---|" * 24]
     keys = sorted({(r["mode"], r["d"], r["s"], r["causal"]) for r in rows if "mode" in r and r["backend"] != "check"})
     for mode, d, s, c in keys:
         row = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
@@ -380,8 +386,9 @@ def prefill_table(rows, paths):
         s90, s90ws = f("flashkv_sm90"), f("flashkv_sm90ws")
         lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | {fmt(sm)} | "
                      f"{fmt(s90)} | {fmt(s90ws)} | "
-                     f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('mem_eff'))} | {ratio(fk, pv)} | "
-                     f"{ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | {ratio(s90ws, s90)} | "
+                     f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('fa3'))} | {fmt(f('mem_eff'))} | "
+                     f"{ratio(fk, pv)} | {ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | "
+                     f"{ratio(fk, f('fa3'))} | {ratio(fk, max(f('fa3') or 0, cu or 0))} | {ratio(s90ws, s90)} | "
                      f"{paths.ref(*(row(b) for b in FLASHKV_ROWS))} |")
     return "\n".join(lines)
 
