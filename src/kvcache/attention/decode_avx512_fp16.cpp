@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "kvcache/decode_fused.hpp"
+#include "kvcache/attention/decode_fused.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -26,7 +26,7 @@ bool fp16_convert_supported() {
 
 namespace {
 #define FKV_CVTPH(h) _mm512_cvtxph_ps(_mm256_castsi256_ph(h))
-#include "kvcache/decode_avx512_kernels.hpp"
+#include "kvcache/attention/decode_avx512_kernels.hpp"
 }  // namespace
 
 void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,

@@ -23,8 +23,8 @@
 #include "core/float16.hpp"
 #include "core/mask.hpp"
 #include "core/validate.hpp"
-#include "kvcache/cache_impl.hpp"
-#include "kvcache/decode_tile.hpp"
+#include "kvcache/cache/cache_impl.hpp"
+#include "kvcache/attention/decode_tile.hpp"
 
 namespace flashkv {
 

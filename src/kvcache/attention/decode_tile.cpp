@@ -7,7 +7,7 @@
 //   KIVI K:       q·k̂_j = (q ⊙ scale_u)·code_j + q·min_u           (per channel, once per group u of G tokens)
 //   V per token:  Σ_j p_j·v̂_j = Σ_j (p_j·scale_j)·code_j + (Σ_j p_j·min_j)   per channel group of the format
 // so the inner loops are "convert codes + FMA" for every format, as for bf16, but over 1/2–1/8 of the bytes.
-#include "kvcache/decode_tile.hpp"
+#include "kvcache/attention/decode_tile.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // Per 16 channels of one key the conversion costs (uops): bf16 2 (zero-extend, shift), u8 2 (zero-extend, cvt),
 // u4 2–3 / u2 2–3 (zero-extend, shift for the upper planes, 16-entry float LUT through vpermps, which also masks the
 // code bits), fp8 4–5 (through vcvtph2ps). Each converted vector feeds one FMA per query row of the GQA group.
-#include "kvcache/decode_fused.hpp"
+#include "kvcache/attention/decode_fused.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -41,7 +41,7 @@ bool fused_supported(int32_t d) {
 namespace {
 
 #define FKV_CVTPH(h) _mm512_cvtph_ps(h)
-#include "kvcache/decode_avx512_kernels.hpp"
+#include "kvcache/attention/decode_avx512_kernels.hpp"
 
 }  // namespace
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "flashkv/kvcache.hpp"
-#include "kvcache/codec.hpp"
+#include "kvcache/format/codec.hpp"
 
 namespace flashkv {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/mask.hpp"
-#include "kvcache/codec.hpp"
-#include "kvcache/decode_fused.hpp"
+#include "kvcache/format/codec.hpp"
+#include "kvcache/attention/decode_fused.hpp"
 
 namespace flashkv::kv {
 

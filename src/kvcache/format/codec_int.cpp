@@ -7,7 +7,7 @@
 
 #include "core/float16.hpp"
 #include "cpu/tile_math.hpp"
-#include "kvcache/codec.hpp"
+#include "kvcache/format/codec.hpp"
 
 namespace flashkv::kv {
 

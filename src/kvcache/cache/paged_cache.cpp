@@ -8,7 +8,7 @@
 
 #include "core/float16.hpp"
 #include "core/validate.hpp"
-#include "kvcache/cache_impl.hpp"
+#include "kvcache/cache/cache_impl.hpp"
 
 namespace flashkv {
 

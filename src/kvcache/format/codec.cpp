@@ -1,6 +1,6 @@
 // Codec factory, scalar helpers (fp8, fp16 directed rounding, asymmetric quantization, bit packing) and the float /
 // fp8 codecs. The integer codecs live in codec_int.cpp.
-#include "kvcache/codec.hpp"
+#include "kvcache/format/codec.hpp"
 
 #include <algorithm>
 #include <bit>
