@@ -57,62 +57,28 @@ struct Task {
   int64_t part;      // offset (in rows) of this task's partial results
 };
 
-/// How the fused kernels read one half's quantized pages (decode_fused.hpp); code none = the codec decodes the tile.
+/// How the fused kernels read one half's packed pages: straight from the format trait (every format has a fused
+/// path on CPUs with AVX-512 at head_dim 64 / 128 / 256); fused == false: the codec decodes the tile.
 struct HalfPlan {
-  kv::RawCode code = kv::RawCode::none;
-  kv::TileFactors factors = kv::TileFactors::none;
+  bool fused = false;
+  kv::KVHalfFormat fmt;
   float mul = 1.0f;           // token_f32 multiplier (e4m3: 2^8)
-  std::vector<float> scales;  // uniform: per kv-head multiplier (static fp8 scale, e4m3: × 2^8)
-  int32_t ng = 1, group = 0;
+  std::vector<float> scales;  // head_static: per kv-head multiplier (static fp8 scale, e4m3: × 2^8)
 };
 
-HalfPlan plan_half(const KVFormatSpec& spec, bool is_key, int32_t d, int32_t H, const std::vector<float>& cfg_scales) {
+HalfPlan plan_half(const kv::KVCodec& codec, int32_t d) {
   HalfPlan p;
+  p.fmt = codec.format();
   if (!kv::fused_supported(d)) return p;
-  switch (spec.format) {
-    case KVFormat::bf16: p.code = kv::RawCode::bf16; break;
-    case KVFormat::fp8_e4m3:
-    case KVFormat::fp8_e5m2: {
-      const bool e4m3 = spec.format == KVFormat::fp8_e4m3;
-      const float mul = e4m3 ? 256.0f : 1.0f;  // the e4m3 route yields value · 2^-8
-      p.code = e4m3 ? kv::RawCode::e4m3 : kv::RawCode::e5m2;
-      if (spec.dynamic_scale) {
-        p.factors = kv::TileFactors::token_f32;
-        p.mul = mul;
-      } else {  // static scale: as Fp8Codec (1 value = per tensor, H values = per kv-head, else 1.0)
-        p.factors = kv::TileFactors::uniform;
-        p.scales.assign(static_cast<size_t>(H), 1.0f);
-        if (cfg_scales.size() == 1) p.scales.assign(static_cast<size_t>(H), cfg_scales[0]);
-        if (cfg_scales.size() == static_cast<size_t>(H)) p.scales = cfg_scales;
-        for (float& x : p.scales) {
-          x *= mul;
-          if (!std::isfinite(x)) return HalfPlan{};
-        }
-      }
-      break;
+  p.fused = true;
+  const float mul = p.fmt.code == kv::KVCode::e4m3 ? 256.0f : 1.0f;  // the e4m3 route yields value · 2^-8
+  if (p.fmt.scaling == kv::KVScaling::token_f32) p.mul = mul;
+  if (p.fmt.scaling == kv::KVScaling::head_static) {
+    p.scales = codec.head_scales();
+    for (float& x : p.scales) {
+      x *= mul;
+      if (!std::isfinite(x)) return HalfPlan{false, p.fmt, 1.0f, {}};
     }
-    case KVFormat::int8:
-    case KVFormat::int4:
-    case KVFormat::int4_kivi:
-    case KVFormat::int2_kivi: {
-      const int32_t bits = spec.code_bits();
-      p.code = bits == 8 ? kv::RawCode::u8 : bits == 4 ? kv::RawCode::u4 : kv::RawCode::u2;
-      if (spec.is_kivi() && is_key) {
-        p.factors = kv::TileFactors::kivi_key;
-        break;
-      }
-      const int32_t group = spec.is_kivi() ? (spec.group_size > 0 ? spec.group_size : 32)
-                                           : (spec.group_size > 0 ? spec.group_size : d);
-      p.factors = kv::TileFactors::token_int;
-      p.group = group;
-      p.ng = d / group;
-      // keys: one group per token only (several groups would need one dot product per group); values: weight
-      // groups of 16 / 32 channels or whole 64-channel blocks (decode_avx512.cpp, pv_block)
-      const bool ok = d % group == 0 && (is_key ? p.ng == 1 : (group == 16 || group == 32 || group % 64 == 0));
-      if (!ok) return HalfPlan{};
-      break;
-    }
-    default: break;  // fp32 / fp16: the codec decodes the tile
   }
   return p;
 }
@@ -229,45 +195,44 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
   // ---- per-task online softmax over tiles ---------------------------------------------------------------------------
   // Tiles of the quantized stream go to the fused kernels in place when the format allows (plan_half), the bf16 sink /
   // residual window likewise; anything else is decoded by the codec into a factored float tile first.
-  const HalfPlan plans[2] = {plan_half(m.cfg.k_format, true, static_cast<int32_t>(d), static_cast<int32_t>(H),
-                                       m.cfg.k_scales),
-                             plan_half(m.cfg.v_format, false, static_cast<int32_t>(d), static_cast<int32_t>(H),
-                                       m.cfg.v_scales)};
+  const HalfPlan plans[2] = {plan_half(*m.kcodec, static_cast<int32_t>(d)), plan_half(*m.vcodec, static_cast<int32_t>(d))};
   const bool fused_window = kv::fused_supported(static_cast<int32_t>(d));
   auto half_tile = [&](const Impl::Seq& s, int32_t hk, int half, int64_t t0, int64_t t1, kv::FactoredTile& ft) {
     kv::HalfTile h;
     const int64_t S = m.cfg.sink_tokens, nq = s.nq[static_cast<size_t>(layer)];
     const HalfPlan& plan = plans[half];
     if (t0 >= S && t0 < S + nq) {
-      if (plan.code != kv::RawCode::none) {
-        const KVFormatBytes& fb = half == 0 ? m.kb : m.vb;
+      if (plan.fused) {
+        const kv::KVHalfFormat& f = plan.fmt;
         const int64_t i = t0 - S;
         const int32_t page = s.pages[static_cast<size_t>(i / m.cfg.page_size)];
         const int32_t slot = static_cast<int32_t>(i % m.cfg.page_size);
         const uint8_t* meta = m.meta_ptr(page, layer, half, hk);
-        h.code = plan.code;
-        h.rb = fb.code_bytes_per_token_head;
+        h.packed = true;
+        h.code = f.code;
+        h.scaling = f.scaling;
+        h.rb = f.code_bytes;
         h.codes = m.code_ptr(page, layer, half, hk) + slot * h.rb;
-        h.factors = plan.factors;
         h.mul = plan.mul;
-        h.ng = plan.ng;
-        h.group = plan.group;
-        switch (plan.factors) {
-          case kv::TileFactors::uniform: h.mul = plan.scales[static_cast<size_t>(hk)]; break;
-          case kv::TileFactors::token_f32: h.meta = meta + 4 * static_cast<int64_t>(slot); break;
-          case kv::TileFactors::token_int: h.meta = meta + 4 * static_cast<int64_t>(slot) * plan.ng; break;
-          case kv::TileFactors::kivi_key:
+        h.ng = f.groups_per_token();
+        h.group = f.scaling == kv::KVScaling::token_affine ? f.group : static_cast<int32_t>(d);
+        switch (f.scaling) {
+          case kv::KVScaling::head_static: h.mul = plan.scales[static_cast<size_t>(hk)]; break;
+          case kv::KVScaling::token_f32:
+          case kv::KVScaling::token_affine: h.meta = meta + f.meta_offset(slot); break;
+          case kv::KVScaling::channel_affine:
             h.meta = meta;
-            h.kivi_g = fb.tokens_per_group;
+            h.kivi_g = f.tokens_per_unit;
             h.slot0 = slot;
-            h.kivi_meta_bytes = fb.meta_bytes_per_group;
+            h.kivi_meta_bytes = f.meta_bytes_per_unit;
             break;
-          case kv::TileFactors::none: break;
+          case kv::KVScaling::none: break;
         }
         return h;
       }
     } else if (fused_window) {  // bf16 window rows: contiguous slots (for_each_tile splits at the ring's wrap)
-      h.code = kv::RawCode::bf16;
+      h.packed = true;
+      h.code = kv::KVCode::bf16;
       h.rb = 2 * d;
       h.codes = reinterpret_cast<const uint8_t*>(m.win_ptr(s, layer, half, hk) + m.win_slot(t0) * d);
       return h;

@@ -45,20 +45,20 @@ namespace {
 
 }  // namespace
 
-void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
-                  int lds) {
+void fused_scores(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                  int lds, const float* alpha, const float* beta, int group) {
   if (n <= 0 || rows <= 0) return;
-  if ((code == RawCode::e4m3 || code == RawCode::e5m2) && fp16_convert_supported()) {
-    fused_scores_fp16cvt(code, q, rows, d, codes, rb, n, S, lds);
+  if (is_fp8_code(code) && fp16_convert_supported()) {
+    fused_scores_fp16cvt(code, q, rows, d, codes, rb, n, S, lds, alpha, beta, group);
     return;
   }
-  scores_any(code, q, rows, d, codes, rb, n, S, lds);
+  scores_any(code, q, rows, d, codes, rb, n, S, lds, alpha, beta, group);
 }
 
-void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+void fused_pv(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O) {
   if (n <= 0 || rows <= 0) return;
-  if ((code == RawCode::e4m3 || code == RawCode::e5m2) && fp16_convert_supported()) {
+  if (is_fp8_code(code) && fp16_convert_supported()) {
     fused_pv_fp16cvt(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
     return;
   }
@@ -189,8 +189,9 @@ void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta) {
 #else  // no AVX-512 build: the generic tile path runs
 
 bool fused_supported(int32_t) { return false; }
-void fused_scores(RawCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int) {}
-void fused_pv(RawCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
+void fused_scores(KVCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int, const float*, const float*,
+                  int) {}
+void fused_pv(KVCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
 void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
   for (int i = 0; i < n; ++i) {
     uint16_t h;

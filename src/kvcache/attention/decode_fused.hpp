@@ -1,42 +1,45 @@
 // Fused decode-attention tile kernels (AVX-512): score a tile of keys and accumulate P·V straight from the packed
 // codes of a page (or the bf16 window buffer), converting each code vector in registers right before its FMAs — no
-// float copy of the tile is written. The affine part of a format (per-token scale / min, KIVI per-channel key scale,
-// fp8 scale) is applied outside, once per key on the score or on p (see decode_tile.cpp), so every format's inner loop
-// is "convert 16 codes + 4 FMAs" (four GQA query rows share each converted vector), and formats differ only in how
-// many bytes feed the conversion. Implemented in decode_avx512.cpp; fused_supported() is false on builds or CPUs
-// without AVX-512, where the generic tile path (KVCodec::decode_factored) runs instead.
+// float copy of the tile is written. The kernels are templated on the format trait's KVCode (kvcache/format/
+// traits.hpp): every code kind — fp32, bf16, fp16, fp8 e4m3 / e5m2, u8 / u4 / u2 — has a conversion. The affine part
+// of a format (per-token scale / min, KIVI per-channel key scale, fp8 scale) is applied outside, once per key on the
+// score or on p (see decode_tile.cpp), so the inner loop is "convert 16 codes + 4 FMAs" (four GQA query rows share
+// each converted vector); keys with several channel groups per token (int8 / int4 _gN) are dequantized in registers
+// (one extra FMA per 16 codes, shared by the four rows). Implemented in decode_avx512.cpp; fused_supported() is false
+// on builds or CPUs without AVX-512, where the generic tile path (KVCodec::decode_factored) runs instead.
 #pragma once
 
 #include <cstdint>
 
+#include "kvcache/format/traits.hpp"
+
 namespace flashkv::kv {
 
-/// Element encoding of a packed row as the fused kernels read it. "raw" is the value the kernels multiply with:
-/// bf16 and e5m2 exact; e4m3 its value · 2^-8 (the fp16 route, see codec.cpp); u8 / u4 / u2 the integer code
-/// (planar int4 / int2 packing, codec.hpp).
-enum class RawCode : int32_t { none = 0, bf16, e4m3, e5m2, u8, u4, u2 };
+// "raw" below is the value the kernels multiply with for a code: fp32 / bf16 / fp16 / e5m2 exact; e4m3 its value ·
+// 2^-8 (the fp16 route, see format/codec.cpp); u8 / u4 / u2 the integer code (planar packing, format/traits.hpp).
 
 /// True when the fused kernels run on this build and CPU (GCC x86-64, AVX-512F/BW/VL/DQ + F16C at run time) for
 /// head_dim d (64, 128 or 256).
 bool fused_supported(int32_t d);
 
-/// S[r·lds + j] = Σ_c q[r·d + c] · raw(codes + j·rb)[c] for r < rows, j < n (four rows × four keys per block, lanes
-/// reduced with a transpose-add tree).
-void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
-                  int lds);
+/// S[r·lds + j] = Σ_c q[r·d + c] · x(j, c) for r < rows, j < n (four rows × four keys per block, lanes reduced with a
+/// transpose-add tree), x(j, c) = raw(codes + j·rb)[c] — or, when alpha != nullptr (keys with ng = d / group channel
+/// groups per token, group 32, 64 or 128), x(j, c) = alpha[j·ng + c / group] · raw + beta[j·ng + c / group].
+void fused_scores(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                  int lds, const float* alpha = nullptr, const float* beta = nullptr, int group = 0);
 
 /// O[r·d + c] += Σ_j w[r·ldw + j·ng + c / group] · raw(codes + j·rb)[c] for r < rows, c < d, j < n (weights
 /// token-major, ng = d / group). group: channels per weight group (16, 32, or a multiple of 64; d = one weight per row
 /// and key).
-void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+void fused_pv(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O);
 
 /// The same kernels built with vcvtph2psx (decode_avx512_fp16.cpp; AVX512-FP16 at run time); fused_scores /
-/// fused_pv use them for RawCode::e4m3 / e5m2 when fp16_convert_supported().
+/// fused_pv use them for KVCode::e4m3 / e5m2 when fp16_convert_supported().
 bool fp16_convert_supported();
-void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
-                          float* S, int lds);
-void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+void fused_scores_fp16cvt(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
+                          float* S, int lds, const float* alpha, const float* beta, int group);
+void fused_pv_fp16cvt(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
                       const uint8_t* codes, int64_t rb, int n, float* O);
 
 /// n fp16 values (little-endian) -> float.
