@@ -358,3 +358,38 @@ TEST(KVCacheAttention, RotationPreservesScoresAndRotatesOutputBack) {
   const double qe = run_attention_case(ac, 4242);
   EXPECT_LT(qe, 0.05);
 }
+
+TEST(KVCache, DefaultCapacityGrowsOnDemand) {
+  // Neither capacity given (the defaults): the pool starts small and doubles as appends need pages; contents and
+  // attention are those of a fixed pool large enough from the start (issue 10 item 11).
+  for (const char* f : {"bf16", "int4_kivi", "k:int8,v:fp8_e4m3_dynamic"}) {
+    KVCacheConfig grow = make_config(f, 2, 2, 64, 32, 16, 0, 0);
+    KVCacheConfig fixed = grow;
+    fixed.capacity_pages = 128;
+    PagedKVCache a(grow), b(fixed);
+    const int64_t initial = a.free_pages();
+    EXPECT_GT(initial, 0);
+    auto g = kvtest::rng(4100);
+    std::vector<float> k = kvtest::randn(g, 1500 * 2 * 64), v = kvtest::randn(g, k.size());
+    for (PagedKVCache* c : {&a, &b}) {
+      c->add_sequence(1);
+      c->add_sequence(2);
+      for (int64_t t = 0; t < 1500; t += 97) {
+        const int64_t m = std::min<int64_t>(97, 1500 - t);
+        std::vector<float> kc(k.begin() + t * 128, k.begin() + (t + m) * 128), vc(v.begin() + t * 128, v.begin() + (t + m) * 128);
+        for (int64_t id : {1, 2}) c->append(id, 1, kvtest::view3(kc, m, 2, 64), kvtest::view3(vc, m, 2, 64));
+      }
+    }
+    EXPECT_GT(a.memory_report().pages_total, initial) << f;
+    EXPECT_EQ(a.memory_report().pages_used, b.memory_report().pages_used) << f;
+    const kvtest::KV x = kvtest::dequant(a, 2, 1), y = kvtest::dequant(b, 2, 1);
+    EXPECT_EQ(std::memcmp(x.k.data(), y.k.data(), x.k.size() * 4), 0) << f;
+    EXPECT_EQ(std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4), 0) << f;
+    std::vector<float> q = kvtest::randn(g, 2 * 4 * 64), o1(q.size()), o2(q.size());
+    const int64_t ids[] = {1, 2};
+    const int32_t cu[] = {0, 1, 2};
+    a.attention(ids, cu, 1, kvtest::view3(q, 2, 4, 64), kvtest::view3(o1, 2, 4, 64), nullptr);
+    b.attention(ids, cu, 1, kvtest::view3(q, 2, 4, 64), kvtest::view3(o2, 2, 4, 64), nullptr);
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0) << f;
+  }
+}

@@ -91,6 +91,11 @@ void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, fl
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   for (int r = 0; r < rows; ++r) {
     float* s = sc + r * ld;
+    if (m[r] != m[r]) {  // poisoned row (NaN state, decode_tile.cpp): p = 0, state unchanged
+      for (int j = 0; j < n; ++j) s[j] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
     __m512 mx = ninf;
     for (int j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j));
     const float tmax = _mm512_reduce_max_ps(mx);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/online_softmax.hpp"
 #include "cpu/tile_math.hpp"
@@ -243,6 +244,21 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
   }
 }
 
+/// True when a score is NaN or +inf (either makes the row's softmax NaN: exp(s − max) = exp(inf − inf)).
+FLASHKV_ALWAYS_INLINE bool has_nan_or_pos_inf(const float* s, int n) {
+  bool bad = false;
+#pragma omp simd reduction(| : bad)
+  for (int j = 0; j < n; ++j) bad |= !(s[j] < std::numeric_limits<float>::infinity());
+  return bad;
+}
+
+/// The row's state becomes NaN (m, l and every accumulator channel) and stays NaN: out and lse are NaN
+/// (include/flashkv/decode.hpp, NON-FINITE VALUES). Later tiles skip the row (p = 0, alpha = 1).
+FLASHKV_ALWAYS_INLINE void poison_row(float& m, float& l, float* acc, int64_t d) {
+  m = l = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t c = 0; c < d; ++c) acc[c] = std::numeric_limits<float>::quiet_NaN();
+}
+
 /// Per-token factors of a packed tile (nt tokens) into alpha / beta, token-major [nt][ng]. Inlined into the
 /// per-ISA clones of tile_update so the loops vectorize.
 FLASHKV_ALWAYS_INLINE void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
@@ -288,7 +304,14 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     const int cnt = static_cast<int>(j1 - j0);
     const int64_t r0 = qi * g;
     tile_scores(K, g, d, j0 - t0, cnt, qrow + r0 * d, qsum + r0, scr);
-    if (K.packed && softcap == 0.0f) {  // fused tile: vectorized softmax step (AVX-512)
+    for (int64_t hh = 0; hh < g; ++hh) {  // softcap, then the non-finite contract (poison_rows)
+      float* srow = scr.sc.data() + hh * kTile;
+      if (softcap > 0.0f) {
+        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
+      }
+      if (!std::isnan(mm[r0 + hh]) && has_nan_or_pos_inf(srow, cnt)) poison_row(mm[r0 + hh], ll[r0 + hh], acc + (r0 + hh) * d, d);
+    }
+    if (K.packed) {  // fused tile: vectorized softmax step (AVX-512)
       float* al = scr.bias.data();
       softmax_rows(scr.sc.data(), kTile, static_cast<int>(g), cnt, mm + r0, ll + r0, al);
       for (int64_t hh = 0; hh < g; ++hh) {
@@ -303,8 +326,9 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     for (int64_t hh = 0; hh < g; ++hh) {
       const int64_t r = r0 + hh;
       float* srow = scr.sc.data() + hh * kTile;
-      if (softcap > 0.0f) {
-        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
+      if (std::isnan(mm[r])) {  // poisoned: p = 0, the NaN state stays
+        for (int j = 0; j < cnt; ++j) srow[j] = 0.0f;
+        continue;
       }
       cpu::OnlineSoftmaxRow st{mm[r], ll[r]};
       const float alpha = cpu::online_softmax_scores_to_p(st, srow, cnt);

@@ -1,11 +1,8 @@
-// PagedKVCache internals shared by paged_cache.cpp (state, append, dequantize, accounting) and cache_attention.cpp
-// (attention over packed pages). Not a public header.
+// PagedKVCache internals: the page pool (kv::Storage in host or device memory, laid out by kv::PageGeometry,
+// kvcache/page_layout.hpp), the free list, the sequences (page tables, lengths, bf16 window buffers) and the codecs.
+// paged_cache.cpp: state, append, dequantize, copies between devices; memory.cpp: accounting; api/decode.cpp reads
+// it to build decode problems. Not a public header.
 //
-// STORAGE
-//   codes pool: [page][layer][K: head][slot][code_bytes_k] then [V: head][slot][code_bytes_v]
-//   meta pool (parallel per-page array): [page][layer][K: head][meta_bytes_per_page_head_k] then V likewise
-//   per-sequence window buffer (bf16): [layer][K|V][head][sink_tokens + ring_cap][head_dim]; position p < S sits in
-//   slot p, a residual position p in slot S + (p − S) mod ring_cap.
 // Fresh and freed pages are filled with 0xFF bytes (NaN in every float format, maximal codes / NaN metadata in the
 // integer formats) so that a read of an unused slot would show up as NaN in tests.
 #pragma once
@@ -17,7 +14,9 @@
 #include <vector>
 
 #include "flashkv/kvcache.hpp"
+#include "kvcache/cache/storage.hpp"
 #include "kvcache/format/codec.hpp"
+#include "kvcache/page_layout.hpp"
 
 namespace flashkv {
 
@@ -26,70 +25,67 @@ struct PagedKVCache::Impl {
     std::vector<int32_t> pages;  ///< page table: stream slot i lives in pages[i / page_size]
     std::vector<int64_t> n;      ///< [layer] tokens
     std::vector<int64_t> nq;     ///< [layer] quantized tokens (stream slots in use)
-    std::vector<uint16_t> win;   ///< bf16 window buffer (layout above)
+    kv::Storage win;             ///< bf16 window buffer (kv::WindowGeometry), on the cache's device
+    uint64_t version = 0;        ///< changes whenever `pages` changes (plans check it)
   };
 
   KVCacheConfig cfg;
   std::unique_ptr<kv::KVCodec> kcodec, vcodec;
   KVFormatBytes kb, vb;
-  int32_t gq = 1;        ///< tokens quantized together (G if a half is KIVI, else 1)
-  int32_t ring_cap = 0;  ///< residual ring capacity = residual_tokens + gq − 1
+  kv::PageGeometry geom;
+  kv::TokenRegions regions;
+  kv::WindowGeometry wgeom;
   bool round_bf16 = false;
   bool rot_k = false, rot_v = false;
   std::vector<float> rot_signs;  ///< ±1 diagonal D, [head_dim]
+  bool growable = false;         ///< capacity_pages == capacity_bytes == 0: the pool grows on demand
 
   int64_t num_pages = 0;
-  int64_t layer_code_bytes = 0, layer_meta_bytes = 0;  ///< per page and layer
-  std::unique_ptr<uint8_t[]> codes, meta;
+  kv::Storage codes, meta;
   std::vector<int32_t> free_list;  ///< stack of free page ids
   std::map<int64_t, Seq> seqs;
+  uint64_t next_version = 1;
 
   explicit Impl(const KVCacheConfig& c);
+  /// A copy of `o` with its pool and sequences on `device` (same bytes).
+  Impl(const Impl& o, Device device, int32_t device_index);
 
-  int64_t win_tokens() const { return cfg.sink_tokens + ring_cap; }
-  int64_t page_bytes() const { return cfg.num_layers * (layer_code_bytes + layer_meta_bytes); }
-  int64_t seq_window_bytes() const {
-    return static_cast<int64_t>(cfg.num_layers) * 2 * cfg.num_heads_kv * win_tokens() * cfg.head_dim * 2;
-  }
-  /// Quantized stream length for n tokens.
-  int64_t quant_count(int64_t n) const {
-    const int64_t q = n - cfg.sink_tokens - cfg.residual_tokens;
-    return q <= 0 ? 0 : q / gq * gq;
-  }
+  Device device() const { return cfg.device; }
+  bool on_host() const { return cfg.device == Device::cpu; }
+  int32_t gq() const { return regions.gq; }
+  int32_t ring_cap() const { return regions.ring_cap(); }
+  int64_t win_tokens() const { return regions.window_tokens(); }
+  int64_t page_bytes() const { return geom.page_bytes(); }
+  int64_t seq_window_bytes() const { return wgeom.elements(cfg.num_layers) * 2; }
+  int64_t quant_count(int64_t n) const { return regions.quant_count(n); }
+  const kv::KVCodec& codec(int half) const { return half == 0 ? *kcodec : *vcodec; }
 
+  /// Host pointers of a host cache's pool (code row 0 / metadata of one page-head).
   uint8_t* code_ptr(int32_t page, int32_t layer, int half, int32_t head) const {
-    const int64_t P = cfg.page_size;
-    uint8_t* base = codes.get() + (static_cast<int64_t>(page) * cfg.num_layers + layer) * layer_code_bytes;
-    if (half == 0) return base + static_cast<int64_t>(head) * P * kb.code_bytes_per_token_head;
-    return base + cfg.num_heads_kv * P * kb.code_bytes_per_token_head +
-           static_cast<int64_t>(head) * P * vb.code_bytes_per_token_head;
+    return codes.data() + geom.code_offset(page, layer, half, head, 0);
   }
   uint8_t* meta_ptr(int32_t page, int32_t layer, int half, int32_t head) const {
-    uint8_t* base = meta.get() + (static_cast<int64_t>(page) * cfg.num_layers + layer) * layer_meta_bytes;
-    if (half == 0) return base + static_cast<int64_t>(head) * kb.meta_bytes_per_page_head;
-    return base + cfg.num_heads_kv * kb.meta_bytes_per_page_head + static_cast<int64_t>(head) * vb.meta_bytes_per_page_head;
+    return meta.data() + geom.meta_offset(page, layer, half, head);
   }
-  /// Window buffer of (layer, half, head): win_tokens() rows of head_dim bf16.
+  /// Window buffer of (layer, half, head) of a host cache: win_tokens() rows of head_dim bf16.
   const uint16_t* win_ptr(const Seq& s, int32_t layer, int half, int32_t head) const {
-    return s.win.data() + ((static_cast<int64_t>(layer) * 2 + half) * cfg.num_heads_kv + head) * win_tokens() * cfg.head_dim;
+    return reinterpret_cast<const uint16_t*>(s.win.data()) + wgeom.offset(layer, half, head, 0);
   }
   uint16_t* win_ptr(Seq& s, int32_t layer, int half, int32_t head) const {
-    return s.win.data() + ((static_cast<int64_t>(layer) * 2 + half) * cfg.num_heads_kv + head) * win_tokens() * cfg.head_dim;
+    return reinterpret_cast<uint16_t*>(s.win.data()) + wgeom.offset(layer, half, head, 0);
   }
-  /// Window slot of position p (p < S: sink slot; else ring slot).
-  int64_t win_slot(int64_t p) const {
-    return p < cfg.sink_tokens ? p : cfg.sink_tokens + (p - cfg.sink_tokens) % ring_cap;
-  }
+  int64_t win_slot(int64_t p) const { return regions.win_slot(p); }
 
   const Seq& seq(int64_t seq_id, const char* arg = "seq_id") const;
   void check_layer(int32_t layer) const;
+  /// Makes `extra` more pages free (grows a growable pool, else CapacityError naming `what`).
+  void reserve_pages(int64_t extra, const std::string& what);
+  /// Takes a page from the free list for sequence s.
+  void take_page(Seq& s);
 
-  /// Decodes positions [p0, p1) of (seq, layer, half, head) into out [p1 − p0][head_dim] float, in the stored
-  /// (rotated) basis. The range must lie inside one region: sinks, one page of the quantized stream, or residual.
+  /// Decodes positions [p0, p1) of (seq, layer, half, head) of a host cache into out [p1 − p0][head_dim] float, in the
+  /// stored (rotated) basis. The range must lie inside one region: sinks, one page of the quantized stream, residual.
   void decode_range(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0, int64_t p1, float* out) const;
-  /// decode_range in the codec's factored form (kv::FactoredTile); window tiles come back fully decoded (group 0).
-  void decode_range_factored(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0, int64_t p1,
-                             kv::FactoredTile& t) const;
   /// Splits [p0, p1) into region/page-aligned tiles of at most max_tile tokens and calls fn(t0, t1) for each.
   template <class F>
   void for_each_tile(const Seq& s, int32_t layer, int64_t p0, int64_t p1, int64_t max_tile, F&& fn) const {
@@ -101,13 +97,10 @@ struct PagedKVCache::Impl {
       if (p < S) {
         end = S;
       } else if (p < S + nq) {
-        const int64_t i = p - S;
-        end = S + (i / cfg.page_size + 1) * cfg.page_size;
+        end = S + ((p - S) / cfg.page_size + 1) * cfg.page_size;
         if (end > S + nq) end = S + nq;
       } else {
-        // residual: ring slots are contiguous until the ring wraps
-        const int64_t slot = (p - S) % ring_cap;
-        end = p + (ring_cap - slot);
+        end = p + (ring_cap() - (p - S) % ring_cap());  // ring slots are contiguous until the ring wraps
       }
       if (end > p1) end = p1;
       if (end > p + max_tile) end = p + max_tile;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -188,6 +189,14 @@ KVCodec::KVCodec(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_
     if (scales.size() == 1) scales_.assign(static_cast<size_t>(num_heads_kv), scales[0]);
     if (scales.size() == static_cast<size_t>(num_heads_kv)) scales_ = scales;
   }
+}
+
+KVCodec::KVCodec(const KVHalfFormat& fmt, int32_t page_size, std::vector<float> head_scales)
+    : fmt_(fmt), scales_(std::move(head_scales)) {
+  bytes_.code_bytes_per_token_head = fmt_.code_bytes;
+  bytes_.meta_bytes_per_group = fmt_.meta_bytes_per_unit;
+  bytes_.tokens_per_group = fmt_.tokens_per_unit;
+  bytes_.meta_bytes_per_page_head = fmt_.meta_bytes_per_page_head(page_size);
 }
 
 void KVCodec::encode(int32_t head, const float* x, int32_t n, uint8_t* codes, uint8_t* meta, int32_t slot) const {

@@ -41,6 +41,8 @@ class KVCodec {
   /// `scales`: static fp8 scales (empty = 1.0, 1 value = per tensor, num_heads_kv values = per kv-head).
   KVCodec(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_t page_size, int32_t num_heads_kv,
           const std::vector<float>& scales);
+  /// The codec of a described half (decode problems carry the trait, not the spec); scales as above, per kv-head.
+  KVCodec(const KVHalfFormat& fmt, int32_t page_size, std::vector<float> head_scales);
 
   const KVFormatSpec& spec() const { return spec_; }
   const KVHalfFormat& format() const { return fmt_; }

@@ -224,12 +224,16 @@ void KVCacheConfig::validate() const {
   };
   check_scales(k_scales, "k_scales");
   check_scales(v_scales, "v_scales");
-  if ((capacity_pages > 0) == (capacity_bytes > 0)) {
-    throw Error("capacity_pages/capacity_bytes", "exactly one of them > 0",
+  if (capacity_pages < 0) throw Error("capacity_pages", ">= 0 (0 = set by capacity_bytes or growing)", std::to_string(capacity_pages));
+  if (capacity_bytes < 0) throw Error("capacity_bytes", ">= 0 (0 = set by capacity_pages or growing)", std::to_string(capacity_bytes));
+  if (capacity_pages > 0 && capacity_bytes > 0) {
+    throw Error("capacity_pages/capacity_bytes", "at most one of them > 0 (both 0: a pool that grows on demand)",
                 std::to_string(capacity_pages) + " and " + std::to_string(capacity_bytes));
   }
-  if (capacity_pages < 0) throw Error("capacity_pages", ">= 0", std::to_string(capacity_pages));
-  if (capacity_bytes < 0) throw Error("capacity_bytes", ">= 0", std::to_string(capacity_bytes));
+  if (device != Device::cpu && device != Device::cuda) {
+    throw Error("device", "cpu or cuda", "enum value " + std::to_string(static_cast<int>(device)));
+  }
+  if (device_index < 0) throw Error("device_index", ">= 0", std::to_string(device_index));
 }
 
 }  // namespace flashkv

@@ -1,0 +1,297 @@
+// One paged-decode test case (flashkv::paged_decode over cache tensors) for any device: random pages (a shuffled page
+// table), cached lengths (0, a page boundary, random), optional append of the new tokens, GQA, softcap, sliding window
+// — checked against the float64 reference over the gathered keys (explicit mask) with the 2× naive-same-precision
+// rule, lse included, for num_splits 1 / auto / 7, and the pages after the append (only the new rows changed).
+// Used by the CPU tests (tests/kvcache/test_kv_decode_api.cpp) and the CUDA tests (tests/cuda/test_decode_cuda.cpp)
+// through a small Memory interface.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/reference.hpp"
+#include "core/float16.hpp"
+#include "flashkv/decode.hpp"
+#include "flashkv/types.hpp"
+
+namespace flashkv::decodetest {
+
+/// Memory of the device under test.
+struct Memory {
+  virtual ~Memory() = default;
+  virtual Device device() const = 0;
+  virtual void* alloc(size_t bytes) = 0;  ///< owned by the Memory until it is destroyed
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;  ///< waits for the device
+  void* put(const void* src, size_t bytes) {
+    void* p = alloc(bytes);
+    upload(p, src, bytes);
+    return p;
+  }
+};
+
+/// Host memory (the CPU decode).
+struct HostMemory final : Memory {
+  std::vector<std::unique_ptr<uint8_t[]>> blocks;
+  Device device() const override { return Device::cpu; }
+  void* alloc(size_t bytes) override {
+    blocks.emplace_back(new uint8_t[std::max<size_t>(bytes, 16) + 64]);
+    uint8_t* p = blocks.back().get();
+    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;  // 64-byte aligned like device allocations
+  }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+};
+
+/// Values of a tensor of `dtype` as stored bytes (bits) and as the exact doubles they hold.
+struct Values {
+  DType dtype = DType::bfloat16;
+  std::vector<uint8_t> bytes;
+  std::vector<double> val;
+  size_t size() const { return val.size(); }
+  void set(size_t i, double x) {
+    if (dtype == DType::float32) {
+      const float f = static_cast<float>(x);
+      std::memcpy(bytes.data() + 4 * i, &f, 4);
+      val[i] = f;
+    } else {
+      const uint16_t h = dtype == DType::bfloat16 ? float_to_bf16(static_cast<float>(x)) : float_to_fp16(static_cast<float>(x));
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+      val[i] = dtype == DType::bfloat16 ? bf16_to_float(h) : fp16_to_float(h);
+    }
+  }
+};
+inline size_t esize(DType t) { return t == DType::float32 ? 4 : 2; }
+inline Values random_values(size_t n, DType t, std::mt19937_64& rng, double sd = 1.0) {
+  Values v;
+  v.dtype = t;
+  v.bytes.assign(n * esize(t), 0);
+  v.val.assign(n, 0.0);
+  std::normal_distribution<double> dist(0.0, sd);
+  for (size_t i = 0; i < n; ++i) v.set(i, dist(rng));
+  return v;
+}
+inline std::vector<double> decode_bytes(const std::vector<uint8_t>& b, DType t) {
+  std::vector<double> v(b.size() / esize(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::float32) {
+      float f;
+      std::memcpy(&f, b.data() + 4 * i, 4);
+      v[i] = f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      v[i] = t == DType::bfloat16 ? bf16_to_float(h) : fp16_to_float(h);
+    }
+  }
+  return v;
+}
+
+struct DecodeCase {
+  DType dtype = DType::bfloat16;
+  int batch = 3, seqlen_q = 1, heads = 32, heads_kv = 8, head_dim = 128;
+  int page_size = 64;  ///< 0 = contiguous cache
+  int max_pages = 20;
+  bool append = true;
+  float softcap = 0;
+  int window = -1;
+  std::vector<int32_t> lens;  ///< cached lengths (default: 0, a page boundary, random)
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " b=" + std::to_string(batch) + " sq=" + std::to_string(seqlen_q) +
+           " h=" + std::to_string(heads) + "/" + std::to_string(heads_kv) + " d=" + std::to_string(head_dim) +
+           " page=" + std::to_string(page_size) + (append ? " append" : "") + (softcap > 0 ? " softcap" : "") +
+           (window >= 0 ? " window" + std::to_string(window) : "");
+  }
+};
+
+/// The tensors of one case on the device under test plus their host copies.
+struct DecodeSetup {
+  DecodeCase c;
+  int capacity = 0, num_pages = 0;
+  std::vector<int32_t> lens, table;
+  Values kc, vc, q, kn, vn;
+  // device views
+  TensorView qv, kcv, vcv, knv, vnv, ov, lv, tv, sv;
+  void* dkc = nullptr;
+  void* dout = nullptr;
+  void* dlse = nullptr;
+
+  size_t cache_index(int b, int j) const {  // element offset of token j of sequence b
+    const int Hk = c.heads_kv, D = c.head_dim;
+    if (c.page_size == 0) return (static_cast<size_t>(b) * capacity + j) * Hk * D;
+    return (static_cast<size_t>(table[b * c.max_pages + j / c.page_size]) * c.page_size + j % c.page_size) * Hk * D;
+  }
+};
+
+inline DecodeSetup make_setup(const DecodeCase& c, Memory& mem, std::mt19937_64& rng) {
+  DecodeSetup s;
+  s.c = c;
+  const int D = c.head_dim, Hk = c.heads_kv, H = c.heads, B = c.batch, S = c.seqlen_q;
+  const bool paged = c.page_size > 0;
+  s.capacity = paged ? c.max_pages * c.page_size : c.max_pages * 64;
+  s.num_pages = paged ? B * c.max_pages + 3 : 0;
+  s.lens = c.lens;
+  if (s.lens.empty()) {
+    for (int b = 0; b < B; ++b) {
+      const int room = s.capacity - (c.append ? S : 0);
+      s.lens.push_back(b == 0 ? 0 : (b == 1 ? std::min(room, (paged ? c.page_size : 64) * 3) : static_cast<int>(rng() % room)));
+    }
+  }
+  std::vector<int32_t> perm(std::max(s.num_pages, 1));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  s.table.resize(static_cast<size_t>(B) * c.max_pages);
+  for (size_t i = 0; i < s.table.size(); ++i) s.table[i] = paged ? perm[i] : 0;
+  const size_t cache_elems = paged ? static_cast<size_t>(s.num_pages) * c.page_size * Hk * D
+                                   : static_cast<size_t>(B) * s.capacity * Hk * D;
+  s.kc = random_values(cache_elems, c.dtype, rng);
+  s.vc = random_values(cache_elems, c.dtype, rng);
+  s.q = random_values(static_cast<size_t>(B) * S * H * D, c.dtype, rng);
+  s.kn = random_values(static_cast<size_t>(B) * S * Hk * D, c.dtype, rng);
+  s.vn = random_values(s.kn.size(), c.dtype, rng);
+  const Device dev = mem.device();
+  auto view = [&](void* p, DType t, std::initializer_list<int64_t> shape) { return TensorView::contiguous(p, t, shape, dev, 0); };
+  s.qv = view(mem.put(s.q.bytes.data(), s.q.bytes.size()), c.dtype, {B, S, H, D});
+  s.dkc = mem.put(s.kc.bytes.data(), s.kc.bytes.size());
+  void* dvc = mem.put(s.vc.bytes.data(), s.vc.bytes.size());
+  s.kcv = paged ? view(s.dkc, c.dtype, {s.num_pages, c.page_size, Hk, D}) : view(s.dkc, c.dtype, {B, s.capacity, Hk, D});
+  s.vcv = paged ? view(dvc, c.dtype, {s.num_pages, c.page_size, Hk, D}) : view(dvc, c.dtype, {B, s.capacity, Hk, D});
+  s.knv = view(mem.put(s.kn.bytes.data(), s.kn.bytes.size()), c.dtype, {B, S, Hk, D});
+  s.vnv = view(mem.put(s.vn.bytes.data(), s.vn.bytes.size()), c.dtype, {B, S, Hk, D});
+  s.dout = mem.alloc(s.q.bytes.size());
+  s.ov = view(s.dout, c.dtype, {B, S, H, D});
+  s.dlse = mem.alloc(static_cast<size_t>(B) * H * S * 4);
+  s.lv = view(s.dlse, DType::float32, {B, H, S});
+  s.tv = view(mem.put(s.table.data(), s.table.size() * 4), DType::int32, {B, c.max_pages});
+  s.sv = view(mem.put(s.lens.data(), s.lens.size() * 4), DType::int32, {B});
+  return s;
+}
+
+/// Re-uploads the original cache (before an append) and poisons the outputs.
+inline void reset(DecodeSetup& s, Memory& mem) {
+  mem.upload(s.dkc, s.kc.bytes.data(), s.kc.bytes.size());
+  mem.upload(const_cast<void*>(s.vcv.data), s.vc.bytes.data(), s.vc.bytes.size());
+  const std::vector<uint8_t> poison(s.q.bytes.size(), 0x7f);
+  mem.upload(s.dout, poison.data(), poison.size());
+  const std::vector<float> lpoison(static_cast<size_t>(s.c.batch) * s.c.heads * s.c.seqlen_q, 12345.0f);
+  mem.upload(s.dlse, lpoison.data(), lpoison.size() * 4);
+}
+
+/// float64 reference (and its naive same-precision twin) over the gathered keys: cache, then the appended tokens.
+struct Reference {
+  testing::RefVarlenShape shape;
+  std::vector<double> out, lse, naive_out, naive_lse;
+};
+inline Reference reference(const DecodeSetup& s) {
+  const DecodeCase& c = s.c;
+  const int D = c.head_dim, Hk = c.heads_kv, B = c.batch, S = c.seqlen_q;
+  Reference r;
+  r.shape.num_heads = c.heads, r.shape.num_heads_kv = Hk, r.shape.head_dim = r.shape.head_dim_v = D;
+  testing::RefOptions ro;
+  ro.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  ro.causal = true;
+  ro.window_size_left = c.window;
+  ro.softcap = c.softcap;
+  r.shape.cu_seqlens_q = {0}, r.shape.cu_seqlens_k = {0};
+  std::vector<double> kref, vref;
+  for (int b = 0; b < B; ++b) {
+    const int sk = s.lens[b] + (c.append ? S : 0);
+    r.shape.cu_seqlens_q.push_back(r.shape.cu_seqlens_q.back() + S);
+    r.shape.cu_seqlens_k.push_back(r.shape.cu_seqlens_k.back() + sk);
+    for (int j = 0; j < sk; ++j) {
+      for (int e = 0; e < Hk * D; ++e) {
+        if (j < s.lens[b]) {
+          kref.push_back(s.kc.val[s.cache_index(b, j) + e]);
+          vref.push_back(s.vc.val[s.cache_index(b, j) + e]);
+        } else {
+          kref.push_back(s.kn.val[(static_cast<size_t>(b) * S + (j - s.lens[b])) * Hk * D + e]);
+          vref.push_back(s.vn.val[(static_cast<size_t>(b) * S + (j - s.lens[b])) * Hk * D + e]);
+        }
+      }
+    }
+  }
+  testing::reference_forward_varlen(r.shape, ro, s.q.val, kref, vref, r.out, r.lse, testing::no_rounding());
+  if (c.dtype == DType::float32) {
+    r.naive_out = r.out, r.naive_lse = r.lse;
+  } else {
+    testing::reference_forward_varlen(r.shape, ro, s.q.val, kref, vref, r.naive_out, r.naive_lse,
+                                      testing::rounding_to(c.dtype));
+  }
+  return r;
+}
+
+/// Runs paged_decode once; returns (out as doubles, lse) and checks the append when asked.
+struct Result {
+  std::vector<double> out;
+  std::vector<float> lse;
+};
+inline Result run_case(DecodeSetup& s, Memory& mem, int num_splits, bool check_append, int64_t max_seqlen_k = 0) {
+  reset(s, mem);
+  DecodeOptions o;
+  o.num_splits = num_splits;
+  o.softcap = s.c.softcap;
+  o.window_size_left = s.c.window;
+  o.max_seqlen_k = max_seqlen_k;
+  paged_decode(s.qv, s.kcv, s.vcv, s.c.page_size > 0 ? &s.tv : nullptr, s.sv, s.c.append ? &s.knv : nullptr,
+               s.c.append ? &s.vnv : nullptr, s.ov, &s.lv, o);
+  Result r;
+  std::vector<uint8_t> ob(s.q.bytes.size());
+  mem.download(ob.data(), s.dout, ob.size());
+  r.out = decode_bytes(ob, s.c.dtype);
+  r.lse.resize(static_cast<size_t>(s.c.batch) * s.c.heads * s.c.seqlen_q);
+  mem.download(r.lse.data(), s.dlse, r.lse.size() * 4);
+  if (check_append && s.c.append) {  // the new tokens landed in the right pages, nothing else changed
+    std::vector<uint8_t> after(s.kc.bytes.size());
+    mem.download(after.data(), s.dkc, after.size());
+    std::vector<uint8_t> expect = s.kc.bytes;
+    const size_t es = esize(s.c.dtype), row = static_cast<size_t>(s.c.heads_kv) * s.c.head_dim;
+    for (int b = 0; b < s.c.batch; ++b)
+      for (int i = 0; i < s.c.seqlen_q; ++i)
+        std::memcpy(expect.data() + s.cache_index(b, s.lens[b] + i) * es,
+                    s.kn.bytes.data() + (static_cast<size_t>(b) * s.c.seqlen_q + i) * row * es, row * es);
+    EXPECT_TRUE(after == expect) << "k_cache after append differs from the expected pages";
+  }
+  return r;
+}
+
+/// The whole check of one case: num_splits 1 (+ append check), auto, 7; out within 2× naive; lse likewise (−inf for
+/// rows without keys); the split counts agree within rounding.
+inline void check_decode(const DecodeCase& c, Memory& mem) {
+  SCOPED_TRACE(c.name());
+  std::mt19937_64 rng(testing::test_seed() ^ std::hash<std::string>{}(c.name()));
+  DecodeSetup s = make_setup(c, mem, rng);
+  const Reference ref = reference(s);
+  const double naive_err = testing::max_abs_diff(ref.naive_out, ref.out);
+  const double naive_lse_err = testing::max_abs_diff(ref.naive_lse, ref.lse);
+  const Result one = run_case(s, mem, 1, true), autos = run_case(s, mem, 0, false), forced = run_case(s, mem, 7, false);
+  const int H = c.heads, S = c.seqlen_q;
+  for (const Result* r : {&one, &autos, &forced}) {
+    const double err = testing::max_abs_diff(r->out, ref.out);
+    EXPECT_LE(err, 2 * naive_err + 1e-5) << "decode out err " << err << " vs naive " << naive_err;
+    double lse_err = 0;
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < S; ++i) {
+          const double want = ref.lse[static_cast<size_t>(h * ref.shape.total_q() + ref.shape.cu_seqlens_q[b] + i)];
+          const double got = r->lse[(static_cast<size_t>(b) * H + h) * S + i];
+          if (std::isinf(want)) {
+            EXPECT_TRUE(std::isinf(got) && got < 0) << "lse of an empty row must be -inf, got " << got;
+          } else {
+            const double d = std::fabs(got - want);
+            lse_err = std::isnan(d) ? INFINITY : std::max(lse_err, d);
+          }
+        }
+    EXPECT_LE(lse_err, 2 * naive_lse_err + 1e-4) << "decode lse err " << lse_err << " vs naive " << naive_lse_err;
+  }
+  EXPECT_LE(testing::max_abs_diff(one.out, autos.out), naive_err + 1e-5) << "num_splits 1 vs auto differ";
+  EXPECT_LE(testing::max_abs_diff(one.out, forced.out), naive_err + 1e-5) << "num_splits 1 vs 7 differ";
+}
+
+}  // namespace flashkv::decodetest
