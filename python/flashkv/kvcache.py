@@ -1,12 +1,18 @@
-"""Quantized paged KV cache (flashkv_kvcache.h over include/flashkv/kvcache.hpp) for numpy / torch CPU tensors.
+"""Quantized paged KV cache (flashkv_kvcache.h over include/flashkv/kvcache.hpp) for numpy arrays and torch tensors,
+in host memory or on a CUDA device.
 
     import numpy as np, flashkv
-    cache = flashkv.KVCache(num_layers=32, num_heads_kv=8, head_dim=128, kv_cache_dtype="int4",
-                            page_size=16, capacity_pages=4096)
+    cache = flashkv.KVCache(num_layers=32, num_heads_kv=8, head_dim=128, kv_cache_dtype="int4")
     cache.add_sequence(0)
     cache.append(0, layer, k, v)                 # k, v [n_tokens, num_heads_kv, head_dim] float32/float16/bfloat16
     out, lse = cache.attention([0], q, layer)    # q [n_q, num_heads, head_dim]; out like q, lse [num_heads, n_q]
     cache.memory_report()                        # dict of exact byte counts (codes/metadata/residual/slack/...)
+
+Capacity: by default (capacity_pages = capacity_bytes = 0) the page pool starts small and grows as appends need pages;
+pass capacity_pages or capacity_bytes for a fixed pool (then an append that does not fit raises flashkv.CapacityError
+and changes nothing). device="cuda" (or "cuda:N") keeps the pages on the GPU (same layout; attention there takes torch
+CUDA tensors; bf16 / fp16 caches without windows or rotation decode on the GPU, the other formats after
+cache.to("cpu")); cache.to(device) copies a cache between host and device.
 
 kv_cache_dtype strings: "fp32", "bf16", "fp16", "fp8_e4m3" (= "fp8"), "fp8_e5m2", "fp8_e4m3_dynamic", "int8", "int4",
 "int4_kivi", "int2_kivi", with an optional group suffix "_gN" and the explicit form "k:int8,v:int4". Errors: ValueError
@@ -43,6 +49,8 @@ class _Config(ctypes.Structure):
         ("num_v_scales", ctypes.c_int32),
         ("capacity_pages", ctypes.c_int64),
         ("capacity_bytes", ctypes.c_int64),
+        ("device", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
     ]
 
 
@@ -88,6 +96,7 @@ def _lib() -> ctypes.CDLL:
             "flashkv_kv_attention_options_default": [ctypes.POINTER(_AttnOptions)],
             "flashkv_kv_cache_create": [C, ctypes.POINTER(H)],
             "flashkv_kv_cache_free": [H],
+            "flashkv_kv_cache_to": [H, i32, i32, ctypes.POINTER(H)],
             "flashkv_kv_cache_add_sequence": [H, i64],
             "flashkv_kv_cache_remove_sequence": [H, i64],
             "flashkv_kv_cache_seq_len": [H, i64, i32, ctypes.POINTER(i64)],
@@ -106,8 +115,20 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def _device(device: Any) -> tuple[int, int]:
+    """'cpu' | 'cuda' | 'cuda:N' (or a torch.device) -> (flashkv_device, index)."""
+    text = str(device)
+    if text == "cpu":
+        return 0, 0
+    if text == "cuda":
+        return 1, 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return 1, int(text[5:])
+    raise ValueError(f"flashkv: argument 'device': expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
 def _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, residual_tokens, sink_tokens, rotation,
-            rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes) -> tuple[_Config, list]:
+            rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes, device="cpu") -> tuple[_Config, list]:
     lib = _lib()
     c = _Config()
     L.check(lib.flashkv_kv_cache_config_default(ctypes.byref(c)))
@@ -133,8 +154,12 @@ def _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, resid
         keep.append(arr)
         setattr(c, field, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
         setattr(c, "num_" + field, int(arr.size))
+    for name, val in (("capacity_pages", capacity_pages), ("capacity_bytes", capacity_bytes)):
+        if not isinstance(val, (int, np.integer)) or isinstance(val, bool):
+            raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(val).__name__}")
     c.capacity_pages = int(capacity_pages)
     c.capacity_bytes = int(capacity_bytes)
+    c.device, c.device_index = _device(device)
     return c, keep
 
 
@@ -159,21 +184,42 @@ def kv_memory_estimate(num_layers: int, num_heads_kv: int, head_dim: int, batch:
 
 
 class KVCache:
-    """A quantized paged KV cache. See the module docstring and include/flashkv/kvcache.hpp for the semantics."""
+    """A quantized paged KV cache. See the module docstring and include/flashkv/kvcache.hpp for the semantics.
+
+    num_layers, num_heads_kv, head_dim: the model's shape (required). kv_cache_dtype: the format grammar of the
+    module docstring (default "bf16"). page_size: tokens per page (power of two, 16..256). residual_tokens /
+    sink_tokens: most recent / first tokens kept bf16. rotation: "none" or "hadamard" (seeded by rotation_seed).
+    k_scales / v_scales: static fp8 scales (1 value or num_heads_kv values). capacity_pages / capacity_bytes: a fixed
+    pool (at most one of them); both 0 (default): the pool grows on demand. device: "cpu" (default), "cuda", "cuda:N".
+    """
 
     def __init__(self, num_layers: int, num_heads_kv: int, head_dim: int, kv_cache_dtype: str = "bf16", *,
                  page_size: int = 16, residual_tokens: int = 0, sink_tokens: int = 0, rotation: str = "none",
                  rotation_seed: int = 0, k_scales: Sequence[float] | None = None,
-                 v_scales: Sequence[float] | None = None, capacity_pages: int = 0, capacity_bytes: int = 0):
+                 v_scales: Sequence[float] | None = None, capacity_pages: int = 0, capacity_bytes: int = 0,
+                 device: Any = "cpu"):
         self._h = None
         c, keep = _config(num_layers, num_heads_kv, head_dim, kv_cache_dtype, page_size, residual_tokens, sink_tokens,
-                          rotation, rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes)
+                          rotation, rotation_seed, k_scales, v_scales, capacity_pages, capacity_bytes, device)
         h = ctypes.c_void_p()
         L.check(_lib().flashkv_kv_cache_create(ctypes.byref(c), ctypes.byref(h)))
         del keep
         self._h = h
         self.num_layers, self.num_heads_kv, self.head_dim = int(num_layers), int(num_heads_kv), int(head_dim)
         self.kv_cache_dtype = kv_cache_dtype
+        self.device = "cpu" if c.device == 0 else f"cuda:{c.device_index}"
+
+    def to(self, device: Any) -> "KVCache":
+        """A copy of this cache (sequences, pages, windows: the same bytes) in the memory of `device`."""
+        dev, index = _device(device)
+        h = ctypes.c_void_p()
+        L.check(_lib().flashkv_kv_cache_to(self._handle(), dev, index, ctypes.byref(h)))
+        other = KVCache.__new__(KVCache)
+        other._h = h
+        other.num_layers, other.num_heads_kv, other.head_dim = self.num_layers, self.num_heads_kv, self.head_dim
+        other.kv_cache_dtype = self.kv_cache_dtype
+        other.device = "cpu" if dev == 0 else f"cuda:{index}"
+        return other
 
     def close(self) -> None:
         """Frees the cache (idempotent); also called by the destructor and `with`."""

@@ -393,3 +393,52 @@ TEST(KVCache, DefaultCapacityGrowsOnDemand) {
     EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0) << f;
   }
 }
+
+TEST(KVCacheAttention, NonFiniteQueriesMakeTheirRowsNaNOnly) {
+  // The non-finite contract through the cache API, every kind of format (fused or codec tiles): NaN in one query
+  // head, +inf in another (scores ±inf -> NaN), −inf against keys whose channel is positive (all scores −inf with
+  // visible keys -> NaN); the other rows are bit-for-bit those of the clean query.
+  for (const char* f : {"bf16", "fp8_e4m3_dynamic", "int4_g32", "int2_kivi", "k:fp16,v:int8"}) {
+    SCOPED_TRACE(f);
+    PagedKVCache c(make_config(f, 1, 2, 64, 32, 0, 0, 16));
+    auto g = kvtest::rng(3100);
+    std::vector<float> k = kvtest::randn(g, 150 * 128), v = kvtest::randn(g, k.size());
+    for (int64_t t = 0; t < 150; ++t) k[static_cast<size_t>(t * 128)] = 1.0f + 0.01f * static_cast<float>(t);  // kv head 0, channel 0 > 0
+    c.add_sequence(0);
+    append_chunks(c, 0, 0, k, v, 150, {150});
+    const int64_t ids[] = {0};
+    const int32_t cu[] = {0, 2};
+    std::vector<float> q = kvtest::randn(g, 2 * 8 * 64), o0(q.size()), o1(q.size()), l0(16), l1(16);
+    TensorView lv0 = TensorView::contiguous(l0.data(), DType::float32, {8, 2});
+    TensorView lv1 = TensorView::contiguous(l1.data(), DType::float32, {8, 2});
+    for (int splits : {1, 4}) {
+      KVAttentionOptions o;
+      o.num_splits = splits;
+      c.attention(ids, cu, 0, kvtest::view3(q, 2, 8, 64), kvtest::view3(o0, 2, 8, 64), &lv0, o);
+      std::vector<float> qb = q;
+      qb[(0 * 8 + 1) * 64 + 9] = std::nanf("");     // token 0, head 1
+      qb[(1 * 8 + 6) * 64 + 2] = INFINITY;          // token 1, head 6 (kv head 1)
+      qb[(1 * 8 + 2) * 64 + 0] = -INFINITY;         // token 1, head 2 (kv head 0): every score −inf
+      c.attention(ids, cu, 0, kvtest::view3(qb, 2, 8, 64), kvtest::view3(o1, 2, 8, 64), &lv1, o);
+      for (int t = 0; t < 2; ++t) {
+        for (int h = 0; h < 8; ++h) {
+          const bool bad = (t == 0 && h == 1) || (t == 1 && (h == 6 || h == 2));
+          const size_t r = static_cast<size_t>(t * 8 + h);
+          for (int e = 0; e < 64; ++e) {
+            if (bad) {
+              ASSERT_TRUE(std::isnan(o1[r * 64 + e])) << t << " " << h;
+            } else {
+              ASSERT_EQ(o1[r * 64 + e], o0[r * 64 + e]) << t << " " << h;
+            }
+          }
+          const float la = l1[static_cast<size_t>(h * 2 + t)], lb = l0[static_cast<size_t>(h * 2 + t)];
+          if (bad) {
+            EXPECT_TRUE(std::isnan(la)) << t << " " << h;
+          } else {
+            EXPECT_EQ(la, lb);
+          }
+        }
+      }
+    }
+  }
+}

@@ -113,126 +113,14 @@ TEST(PagedDecodeCpu, TypedArgumentErrors) {
                           "k_cache");
 }
 
-namespace {
-/// Classification of a value: 0 finite, 1 NaN, 2 +inf, 3 -inf.
-int cls(double x) { return std::isnan(x) ? 1 : (std::isinf(x) ? (x > 0 ? 2 : 3) : 0); }
-}  // namespace
-
 TEST(PagedDecodeCpu, NonFiniteInputsFollowTheContract) {
-  // /work notes nan-semantics: a NaN / +inf score of a visible key makes the row NaN (out and lse); a non-finite value
-  // makes the output channels non-finite, lse unaffected; rows that do not see the bad key are bit-for-bit unchanged;
-  // a split whose lse is NaN propagates (num_splits 7); page slots past the lengths never matter.
   HostMemory mem;
-  DecodeCase c;
-  c.batch = 2, c.seqlen_q = 4, c.heads = 4, c.heads_kv = 2, c.head_dim = 64, c.page_size = 16, c.max_pages = 16;
-  c.lens = {100, 37};
-  std::mt19937_64 rng(flashkv::testing::test_seed() + 5);
-  DecodeSetup s = make_setup(c, mem, rng);
-  const int H = c.heads, S = c.seqlen_q, D = c.head_dim, Hk = c.heads_kv;
-  for (int splits : {1, 7}) {
-    SCOPED_TRACE("num_splits " + std::to_string(splits));
-    const Result clean = run_case(s, mem, splits, false);
-    auto row = [&](const Result& r, int b, int i, int h) { return &r.out[((static_cast<size_t>(b) * S + i) * H + h) * D]; };
-    auto lse = [&](const Result& r, int b, int i, int h) { return r.lse[(static_cast<size_t>(b) * H + h) * S + i]; };
-    // (a) NaN in the key of the last appended token of sequence 0, kv head 1: with causal only query 3 sees it
-    const size_t kidx = (static_cast<size_t>(0) * S + 3) * Hk * D + 1 * D + 5;
-    Values kn_saved = s.kn;
-    s.kn.set(kidx, std::numeric_limits<double>::quiet_NaN());
-    mem.upload(const_cast<void*>(s.knv.data), s.kn.bytes.data(), s.kn.bytes.size());
-    const Result r = run_case(s, mem, splits, false);
-    for (int b = 0; b < 2; ++b)
-      for (int i = 0; i < S; ++i)
-        for (int h = 0; h < H; ++h) {
-          const bool bad = b == 0 && i == 3 && h / (H / Hk) == 1;
-          for (int e = 0; e < D; ++e) {
-            if (bad) {
-              ASSERT_TRUE(std::isnan(row(r, b, i, h)[e])) << b << " " << i << " " << h;
-            } else {
-              ASSERT_EQ(row(r, b, i, h)[e], row(clean, b, i, h)[e]) << b << " " << i << " " << h;
-            }
-          }
-          EXPECT_EQ(cls(lse(r, b, i, h)), bad ? 1 : 0);
-        }
-    s.kn = kn_saved;
-    mem.upload(const_cast<void*>(s.knv.data), s.kn.bytes.data(), s.kn.bytes.size());
-    // (b) +inf in the value of token 2 of sequence 1, kv head 0, channel 7: queries 2, 3 see it; channel 7 becomes
-    //     +inf (all p > 0), the other channels and lse are unchanged
-    Values vn_saved = s.vn;
-    s.vn.set((static_cast<size_t>(1) * S + 2) * Hk * D + 7, std::numeric_limits<double>::infinity());
-    mem.upload(const_cast<void*>(s.vnv.data), s.vn.bytes.data(), s.vn.bytes.size());
-    const Result rv = run_case(s, mem, splits, false);
-    for (int i = 0; i < S; ++i)
-      for (int h = 0; h < H; ++h) {
-        const bool sees = i >= 2 && h / (H / Hk) == 0;
-        for (int e = 0; e < D; ++e) {
-          if (sees && e == 7) {
-            EXPECT_EQ(cls(row(rv, 1, i, h)[e]), 2);
-          } else {
-            ASSERT_EQ(row(rv, 1, i, h)[e], row(clean, 1, i, h)[e]) << i << " " << h << " " << e;
-          }
-        }
-        EXPECT_EQ(lse(rv, 1, i, h), lse(clean, 1, i, h));
-      }
-    s.vn = vn_saved;
-    mem.upload(const_cast<void*>(s.vnv.data), s.vn.bytes.data(), s.vn.bytes.size());
-    // (c) NaN in every cache slot past the lengths (and the unused pages): nothing changes
-    std::vector<uint8_t> kpois = s.kc.bytes, vpois = s.vc.bytes;
-    std::vector<bool> used(s.kc.size() / (Hk * D), false);
-    for (int b = 0; b < 2; ++b)
-      for (int j = 0; j < s.lens[b] + S; ++j) used[s.cache_index(b, j) / (Hk * D)] = true;
-    for (size_t t = 0; t < used.size(); ++t) {
-      if (used[t]) continue;
-      std::memset(kpois.data() + t * Hk * D * 2, 0xFF, Hk * D * 2);
-      std::memset(vpois.data() + t * Hk * D * 2, 0xFF, Hk * D * 2);
-    }
-    std::swap(s.kc.bytes, kpois);
-    std::swap(s.vc.bytes, vpois);
-    const Result rg = run_case(s, mem, splits, false);
-    EXPECT_EQ(rg.out, clean.out);
-    EXPECT_EQ(rg.lse, clean.lse);
-    std::swap(s.kc.bytes, kpois);
-    std::swap(s.vc.bytes, vpois);
-    // (d) NaN in q of one head: that head's rows only
-    Values q_saved = s.q;
-    s.q.set(((static_cast<size_t>(1) * S + 0) * H + 2) * D + 3, std::numeric_limits<double>::quiet_NaN());
-    mem.upload(const_cast<void*>(s.qv.data), s.q.bytes.data(), s.q.bytes.size());
-    const Result rq = run_case(s, mem, splits, false);
-    for (int b = 0; b < 2; ++b)
-      for (int i = 0; i < S; ++i)
-        for (int h = 0; h < H; ++h) {
-          const bool bad = b == 1 && i == 0 && h == 2;
-          EXPECT_EQ(cls(row(rq, b, i, h)[0]), bad ? 1 : 0);
-          EXPECT_EQ(cls(lse(rq, b, i, h)), bad ? 1 : 0);
-        }
-    s.q = q_saved;
-    mem.upload(const_cast<void*>(s.qv.data), s.q.bytes.data(), s.q.bytes.size());
-  }
+  for (DType t : {DType::bfloat16, DType::float32}) check_non_finite(mem, t);
 }
 
 TEST(PagedDecodeCpu, EmptyRowsAndAllNegativeInfinityScores) {
-  // A sequence with no cached and no new keys: out 0, lse −inf. A row whose visible scores are all −inf: NaN
-  // (exp(−inf − (−inf)) is NaN, the IEEE definition; only "no visible key" is −inf).
   HostMemory mem;
-  DecodeCase c;
-  c.dtype = DType::float32, c.batch = 2, c.seqlen_q = 1, c.heads = 2, c.heads_kv = 1, c.head_dim = 64;
-  c.page_size = 16, c.max_pages = 4, c.append = false;
-  c.lens = {0, 20};
-  std::mt19937_64 rng(flashkv::testing::test_seed() + 9);
-  DecodeSetup s = make_setup(c, mem, rng);
-  // sequence 1: every cached key has channel 0 > 0; head 1 of its query has q[0] = −inf: all its scores are −inf
-  for (int j = 0; j < 20; ++j) s.kc.set(s.cache_index(1, j), 1.0 + j);
-  s.q.set((static_cast<size_t>(1) * 2 + 1) * 64 + 0, -std::numeric_limits<double>::infinity());
-  mem.upload(const_cast<void*>(s.qv.data), s.q.bytes.data(), s.q.bytes.size());
-  for (int splits : {1, 3}) {
-    const Result r = run_case(s, mem, splits, false);
-    for (int h = 0; h < 2; ++h) {
-      for (int e = 0; e < 64; ++e) EXPECT_EQ(r.out[static_cast<size_t>(h) * 64 + e], 0.0);
-      EXPECT_TRUE(std::isinf(r.lse[h]) && r.lse[h] < 0);
-    }
-    EXPECT_TRUE(std::isnan(r.out[(2 + 1) * 64])) << "all −inf visible scores must give NaN";
-    EXPECT_TRUE(std::isnan(r.lse[2 + 1]));
-    EXPECT_TRUE(std::isfinite(r.out[2 * 64]) && std::isfinite(r.lse[2]));  // head 0 of sequence 1 is normal
-  }
+  for (DType t : {DType::float32, DType::float16}) check_empty_rows(mem, t);
 }
 
 TEST(DecodePlan, OnePlanForEveryLayerAndStalePlansAreRejected) {

@@ -121,3 +121,49 @@ def test_errors_are_typed_and_leave_cache_unchanged(rng):
     c.close()
     with pytest.raises(ValueError, match="closed"):
         c.add_sequence(1)
+
+
+def test_default_arguments_just_work(rng):
+    # issue 10 item 11: KVCache(num_layers, num_heads_kv, head_dim) with every other argument defaulted — a bf16 cache
+    # in host memory whose pool grows as appends need pages — decodes exactly like a fixed pool large enough.
+    c = KVCache(2, 2, 64)
+    assert c.device == "cpu" and c.kv_cache_dtype == "bf16"
+    start = c.memory_report()["pages_total"]
+    c.add_sequence(0)
+    k = rng.standard_normal((2000, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((2000, 2, 64)).astype(np.float32)
+    c.append(0, 1, k, v)
+    assert c.seq_len(0, 1) == 2000 and c.memory_report()["pages_total"] > start
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    out, lse = c.attention([0], q, 1)
+    kd, vd = c.dequantize(0, 1)
+    ref, ref_lse = attention_ref(q[None].astype(np.float64), kd[None].astype(np.float64), vd[None].astype(np.float64),
+                                 causal=True)
+    np.testing.assert_allclose(out, ref[0], atol=2e-5 * np.abs(vd).max())
+    np.testing.assert_allclose(lse, ref_lse[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="head_dim"):
+        KVCache(2, 2)  # the shape arguments are required, and the message names what is missing
+    with pytest.raises(ValueError, match="capacity_pages/capacity_bytes"):
+        KVCache(1, 1, 64, capacity_pages=4, capacity_bytes=1 << 20)
+    with pytest.raises(ValueError, match="'device'"):
+        KVCache(1, 1, 64, device="tpu")
+
+
+def test_to_cpu_copies_the_cache(rng):
+    c = _cache("int4_kivi", page_size=32, residual_tokens=8)
+    c.add_sequence(3)
+    k = rng.standard_normal((90, 2, 64)).astype(np.float32)
+    c.append(3, 0, k, k)
+    d = c.to("cpu")
+    for a, b in zip(c.dequantize(3, 0), d.dequantize(3, 0)):
+        assert np.array_equal(a, b)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    assert np.array_equal(c.attention([3], q, 0)[0], d.attention([3], q, 0)[0])
+    try:  # a library without the CUDA backend (or a machine without a GPU) says so; with one the copy round-trips
+        g = c.to("cuda")
+    except flashkv.UnsupportedError as e:
+        assert "CUDA" in str(e)
+    else:
+        assert g.device == "cuda:0"
+        for a, b in zip(c.dequantize(3, 0), g.to("cpu").dequantize(3, 0)):
+            assert np.array_equal(a, b)

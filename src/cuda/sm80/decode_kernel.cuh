@@ -81,6 +81,15 @@ __device__ __forceinline__ core::MaskRule decode_rule(const DecodeParams& p, con
   return core::MaskRule{s.seqlen_q, s.seqlen_k, p.window_left, p.causal ? 0 : -1};
 }
 
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
 /// True when some element of v (16-bit T bits) is ±inf or NaN.
 template <class T>
 __device__ __forceinline__ bool nonfinite2(uint32_t v) {
@@ -230,55 +239,56 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
         }
     }
     // Where masking splits this warp's block (causal diagonal, window edge) a non-finite value must not meet p = 0
-    // in the MMA (0 · NaN = NaN): check the block's values (rare: seqlen_q > 1 or a window), and if one is non-finite
-    // sum P·V in registers with the masked pairs selected out.
-    bool guarded = false;
+    // in the MMA (0 · NaN = NaN): check the block's values (only such blocks: seqlen_q > 1 or a window), and if one
+    // is non-finite add p·v for it to the rows that see it, zero it in shared memory, and let the MMA do the rest —
+    // rows that do not see it get bit-for-bit what they get without it.
     if (jw0 < seqlen_k && !rule.tile_fully_visible(q_lo, q_hi, jw0, min(jw0 + 16, seqlen_k))) {
+      const uint32_t vbase = sKV + TileKV::kBytes + soff;
       bool bad = false;
       for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
         const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
-        uint32_t v;
-        asm volatile("ld.shared.b32 %0, [%1];\n"
-                     : "=r"(v)
-                     : "r"(sKV + TileKV::kBytes + soff + TileKV::offset_elem(warp * 16 + key, c)));
-        bad |= nonfinite2<T>(v);
+        bad |= nonfinite2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + key, c)));
       }
-      guarded = __any_sync(0xffffffffu, bad);
-    }
-    if (guarded) {
+      if (__any_sync(0xffffffffu, bad)) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const int j = jw0 + k;
-        const int src = (lane & ~3) | ((k % 8) / 2);
+        for (int k = 0; k < 16; ++k) {
+          const int j = jw0 + k;
+          const int src = (lane & ~3) | ((k % 8) / 2);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float pk = __shfl_sync(0xffffffffu, s[k / 8][2 * hh + (k & 1)], src);
-          if (j < jlo[hh] || j >= jhi[hh]) continue;
+          for (int hh = 0; hh < 2; ++hh) {
+            const float pk = __shfl_sync(0xffffffffu, s[k / 8][2 * hh + (k & 1)], src);
+            if (j < jlo[hh] || j >= jhi[hh]) continue;
 #pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            uint32_t v;
-            asm volatile("ld.shared.b32 %0, [%1];\n"
-                         : "=r"(v)
-                         : "r"(sKV + TileKV::kBytes + soff + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
-            const float2 vf = unpack2<T>(v);
-            o[dt][2 * hh] = fmaf(pk, vf.x, o[dt][2 * hh]);
-            o[dt][2 * hh + 1] = fmaf(pk, vf.y, o[dt][2 * hh + 1]);
+            for (int dt = 0; dt < kDT; ++dt) {
+              const float2 vf = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
+              if (!isfinite(vf.x)) o[dt][2 * hh] += pk * vf.x;
+              if (!isfinite(vf.y)) o[dt][2 * hh + 1] += pk * vf.y;
+            }
           }
         }
+        __syncwarp();
+        for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
+          const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
+          const uint32_t addr = vbase + TileKV::offset_elem(warp * 16 + key, c);
+          const float2 vf = unpack2<T>(ld_shared_b32(addr));
+          if (!isfinite(vf.x) || !isfinite(vf.y)) {
+            st_shared_b32(addr, pack2<T>(isfinite(vf.x) ? vf.x : 0.f, isfinite(vf.y) ? vf.y : 0.f));
+          }
+        }
+        __syncwarp();
       }
-    } else {
-      uint32_t a[4];
-      a[0] = pack2<T>(s[0][0], s[0][1]);
-      a[1] = pack2<T>(s[0][2], s[0][3]);
-      a[2] = pack2<T>(s[1][0], s[1][1]);
-      a[3] = pack2<T>(s[1][2], s[1][3]);
+    }
+    uint32_t a[4];
+    a[0] = pack2<T>(s[0][0], s[0][1]);
+    a[1] = pack2<T>(s[0][2], s[0][3]);
+    a[2] = pack2<T>(s[1][0], s[1][1]);
+    a[3] = pack2<T>(s[1][2], s[1][3]);
 #pragma unroll
-      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff);
-        mma_16816<T>(o[2 * dt2], a, bv[0], bv[1]);
-        mma_16816<T>(o[2 * dt2 + 1], a, bv[2], bv[3]);
-      }
+    for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff);
+      mma_16816<T>(o[2 * dt2], a, bv[0], bv[1]);
+      mma_16816<T>(o[2 * dt2 + 1], a, bv[2], bv[3]);
     }
   }
   cp_async_wait<0>();

@@ -389,7 +389,11 @@ struct KVHalfFormat {
     uint16_t s, z;
     memcpy(&s, scale, 2);
     memcpy(&z, min, 2);
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(fp16_bits_to_float(z), __fmul_rn(fp16_bits_to_float(s), v));  // no contraction: = the host
+#else
     return fp16_bits_to_float(z) + fp16_bits_to_float(s) * v;
+#endif
   }
 };
 
