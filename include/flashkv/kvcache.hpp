@@ -95,7 +95,8 @@
 
 namespace flashkv {
 
-/// Storage format of one cache half. Values are part of the C ABI (FLASHKV_KV_FORMAT_*): never renumber.
+/// Storage format of one cache half. Values are stable (kv::KVFormatId of src/kvcache/format/traits.hpp mirrors them):
+/// never renumber.
 enum class KVFormat : int32_t {
   fp32 = 0,
   bf16 = 1,

@@ -224,6 +224,7 @@ void scores_d(KVCode code, const float* q, int rows, const uint8_t* codes, int64
     case KVCode::u8: scores_code<KVCode::u8, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
     case KVCode::u4: scores_code<KVCode::u4, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
     case KVCode::u2: scores_code<KVCode::u2, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    default: break;  // not fused (decode_fused.hpp fused_code): never planned here
   }
 }
 
@@ -251,6 +252,7 @@ void pv_d(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int r
     case KVCode::u8: pv_code<KVCode::u8, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
     case KVCode::u4: pv_code<KVCode::u4, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
     case KVCode::u2: pv_code<KVCode::u2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    default: break;  // not fused (decode_fused.hpp fused_code): never planned here
   }
 }
 

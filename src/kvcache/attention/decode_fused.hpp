@@ -18,6 +18,23 @@ namespace flashkv::kv {
 // "raw" below is the value the kernels multiply with for a code: fp32 / bf16 / fp16 / e5m2 exact; e4m3 its value ·
 // 2^-8 (the fp16 route, see format/codec.cpp); u8 / u4 / u2 the integer code (planar packing, format/traits.hpp).
 
+/// The code kinds and scalings the fused kernels convert in registers (decode_avx512_kernels.hpp); a format with
+/// another one (a newly added KVCode / KVScaling) runs through the codec's tiles until a conversion is added there.
+constexpr bool fused_code(KVCode c) {
+  switch (c) {
+    case KVCode::f32: case KVCode::bf16: case KVCode::f16: case KVCode::e4m3: case KVCode::e5m2:
+    case KVCode::u8: case KVCode::u4: case KVCode::u2: return true;
+  }
+  return false;
+}
+constexpr bool fused_scaling(KVScaling s) {
+  switch (s) {
+    case KVScaling::none: case KVScaling::head_static: case KVScaling::token_f32: case KVScaling::token_affine:
+    case KVScaling::channel_affine: return true;
+  }
+  return false;
+}
+
 /// True when the fused kernels run on this build and CPU (GCC x86-64, AVX-512F/BW/VL/DQ + F16C at run time) for
 /// head_dim d (64, 128 or 256).
 bool fused_supported(int32_t d);

@@ -22,7 +22,7 @@ CpuHalfPlan plan_half(const KVHalfFormat& f, const float* head_scales, int64_t n
   CpuHalfPlan p;
   p.fmt = f;
   if (head_scales != nullptr) p.scales.assign(head_scales, head_scales + num_heads_kv);
-  if (!fused_supported(d)) return p;
+  if (!fused_supported(d) || !fused_code(f.code) || !fused_scaling(f.scaling)) return p;
   const float mul = f.code == KVCode::e4m3 ? 256.0f : 1.0f;  // the e4m3 route yields value · 2^-8
   if (f.scaling == KVScaling::token_f32) p.mul = mul;
   if (f.scaling == KVScaling::head_static) {

@@ -159,7 +159,7 @@ void CpuDecodeWork::run(const core::DecodeProblem& p) {
             h.slot0 = slot;
             h.kivi_meta_bytes = f.meta_bytes_per_unit;
             break;
-          case KVScaling::none: break;
+          default: break;
         }
         return h;
       }

@@ -259,8 +259,10 @@ float load_elem(const TensorView& t, int64_t i, int64_t h, int64_t c) {
     default: return bf16_to_float(static_cast<const uint16_t*>(t.data)[off]);
   }
 }
-bool needs_fp16_range(const KVFormatSpec& f) {
-  return f.format == KVFormat::fp16 || f.format == KVFormat::int8 || f.format == KVFormat::int4 || f.is_kivi();
+/// Formats that store fp16 (codes or scale / min metadata) need |x| <= 65504 (format/traits.hpp).
+bool needs_fp16_range(const kv::KVHalfFormat& f) {
+  return f.code == kv::KVCode::f16 || f.scaling == kv::KVScaling::token_affine ||
+         f.scaling == kv::KVScaling::channel_affine;
 }
 }  // namespace
 
@@ -363,8 +365,8 @@ void PagedKVCache::append(int64_t seq_id, int32_t layer, const TensorView& k, co
   for (int half = 0; half < 2; ++half) {
     const TensorView& t = half == 0 ? k : v;
     const bool rot = half == 0 ? m.rot_k : m.rot_v;
-    const bool limit = needs_fp16_range(half == 0 ? c.k_format : c.v_format) || m.round_bf16;
-    const float lim = needs_fp16_range(half == 0 ? c.k_format : c.v_format) ? 65504.0f : 3.0e38f;
+    const bool limit = needs_fp16_range(m.codec(half).format()) || m.round_bf16;
+    const float lim = needs_fp16_range(m.codec(half).format()) ? 65504.0f : 3.0e38f;
     for (int64_t i = 0; i < N; ++i) {
       for (int64_t h = 0; h < H; ++h) {
         float* row = staged.data() + ((half * N + i) * H + h) * d;

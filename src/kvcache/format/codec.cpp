@@ -241,6 +241,7 @@ void KVCodec::decode(int32_t head, const uint8_t* codes, const uint8_t* meta, in
         return;
       }
       break;
+    default: break;
   }
   for (int32_t t = 0; t < n; ++t) {  // the definition, for any other pair
     fmt_.decode_token(codes, meta, slot + t, head_scale(head), out + static_cast<int64_t>(t) * d);

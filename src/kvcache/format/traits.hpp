@@ -50,7 +50,7 @@
 
 namespace flashkv::kv {
 
-/// Format ids: the values of the public flashkv::KVFormat (C ABI FLASHKV_KV_FORMAT_*); never renumber.
+/// Format ids: the values of the public flashkv::KVFormat (include/flashkv/kvcache.hpp); never renumber.
 enum class KVFormatId : int32_t {
   fp32 = 0, bf16 = 1, fp16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4, int8 = 5, int4 = 6, int4_kivi = 7, int2_kivi = 8,
 };
