@@ -97,7 +97,17 @@ void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, fl
       continue;
     }
     __m512 mx = ninf;
-    for (int j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j));
+    __mmask16 bad = 0;  // NaN or +inf: the row becomes NaN (decode_tile.cpp, the non-finite contract)
+    for (int j = 0; j < n; j += 16) {
+      const __m512 x = _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j);
+      bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+      mx = _mm512_max_ps(mx, x);
+    }
+    if (bad != 0) {  // poison: m, l NaN, p = 0; alpha NaN makes the caller's accumulator row NaN
+      for (int j = 0; j < n; ++j) s[j] = 0.0f;
+      m[r] = l[r] = alpha[r] = __builtin_nanf("");
+      continue;
+    }
     const float tmax = _mm512_reduce_max_ps(mx);
     const float m_new = tmax > m[r] ? tmax : m[r];
     if (m_new == -__builtin_inff()) {  // nothing visible so far: p = 0, state unchanged

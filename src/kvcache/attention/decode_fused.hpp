@@ -67,8 +67,9 @@ void fp16_to_float_n(const uint8_t* src, int n, float* dst);
 void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta);
 
 /// Online-softmax step (cpu::online_softmax_scores_to_p) for rows r < rows of scores sc[r·ld + j], j < n: updates
-/// m[r], l[r], overwrites the scores with p and returns the accumulator rescale factor in alpha[r]. Scores are finite
-/// or −inf (NaN / +inf rows are poisoned first: m[r] NaN, which this step leaves alone with p = 0, alpha = 1).
+/// m[r], l[r], overwrites the scores with p and returns the accumulator rescale factor in alpha[r]. A row with a NaN /
+/// +inf score is poisoned: m[r] = l[r] = alpha[r] = NaN (the caller's accumulator row becomes NaN through alpha), p = 0;
+/// a poisoned row (m[r] NaN) is left alone afterwards (p = 0, alpha = 1).
 void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, float* alpha);
 
 /// V weights of the factored P·V̂ (token-major, ng a power of two ≤ 16): w[r·ng·ldp + j·ng + g] = p[r·ldp + j] ·

@@ -246,10 +246,10 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
 
 /// True when a score is NaN or +inf (either makes the row's softmax NaN: exp(s − max) = exp(inf − inf)).
 FLASHKV_ALWAYS_INLINE bool has_nan_or_pos_inf(const float* s, int n) {
-  bool bad = false;
+  int bad = 0;  // an integer OR: vectorizes
 #pragma omp simd reduction(| : bad)
-  for (int j = 0; j < n; ++j) bad |= !(s[j] < std::numeric_limits<float>::infinity());
-  return bad;
+  for (int j = 0; j < n; ++j) bad |= s[j] < std::numeric_limits<float>::infinity() ? 0 : 1;
+  return bad != 0;
 }
 
 /// The row's state becomes NaN (m, l and every accumulator channel) and stays NaN: out and lse are NaN
@@ -304,14 +304,13 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     const int cnt = static_cast<int>(j1 - j0);
     const int64_t r0 = qi * g;
     tile_scores(K, g, d, j0 - t0, cnt, qrow + r0 * d, qsum + r0, scr);
-    for (int64_t hh = 0; hh < g; ++hh) {  // softcap, then the non-finite contract (poison_rows)
-      float* srow = scr.sc.data() + hh * kTile;
-      if (softcap > 0.0f) {
+    if (softcap > 0.0f) {
+      for (int64_t hh = 0; hh < g; ++hh) {
+        float* srow = scr.sc.data() + hh * kTile;
         for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
       }
-      if (!std::isnan(mm[r0 + hh]) && has_nan_or_pos_inf(srow, cnt)) poison_row(mm[r0 + hh], ll[r0 + hh], acc + (r0 + hh) * d, d);
     }
-    if (K.packed) {  // fused tile: vectorized softmax step (AVX-512)
+    if (K.packed) {  // fused tile: vectorized softmax step (AVX-512; it poisons rows with a NaN / +inf score itself)
       float* al = scr.bias.data();
       softmax_rows(scr.sc.data(), kTile, static_cast<int>(g), cnt, mm + r0, ll + r0, al);
       for (int64_t hh = 0; hh < g; ++hh) {
@@ -326,7 +325,8 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     for (int64_t hh = 0; hh < g; ++hh) {
       const int64_t r = r0 + hh;
       float* srow = scr.sc.data() + hh * kTile;
-      if (std::isnan(mm[r])) {  // poisoned: p = 0, the NaN state stays
+      if (std::isnan(mm[r]) || has_nan_or_pos_inf(srow, cnt)) {  // poisoned (now or before): p = 0, NaN state
+        if (!std::isnan(mm[r])) poison_row(mm[r], ll[r], acc + r * d, d);
         for (int j = 0; j < cnt; ++j) srow[j] = 0.0f;
         continue;
       }
