@@ -172,6 +172,6 @@ TEST(DecodePlan, PathNamesTheFusedOrGenericTilesAndTheFormats) {
   const std::string p = last_kernel_path();
   const bool fused = std::getenv("FLASHKV_NO_FUSED_DECODE") == nullptr && p.find("fused-avx512") != std::string::npos;
   EXPECT_TRUE(fused || p.find("generic") != std::string::npos) << p;
-  EXPECT_NE(p.find("k=u4/token-group32"), std::string::npos) << p;
+  EXPECT_NE(p.find("k=int4_g32"), std::string::npos) << p;
   EXPECT_NE(p.find("v=fp16"), std::string::npos) << p;
 }

@@ -49,6 +49,12 @@ std::string code_name(const KVHalfFormat& f) {
   return s;
 }
 
+/// The kv_cache_dtype name of a half when the problem carries it, else the trait's description.
+std::string format_label(const core::DecodeKV& kv, int half) {
+  return kv.format_name[half] != nullptr && kv.format_name[half][0] != '\0' ? std::string(kv.format_name[half])
+                                                                           : code_name(kv.format[half]);
+}
+
 }  // namespace
 
 CpuDecodeWork::CpuDecodeWork(const core::DecodeProblem& p)
@@ -121,7 +127,7 @@ CpuDecodeWork::CpuDecodeWork(const core::DecodeProblem& p)
   fused_window_ = fused_supported(d);
   const bool all_fused = half_[0].fused && half_[1].fused;
   path_ = std::string("kv_decode cpu ") + (all_fused ? "fused-avx512" : (half_[0].fused || half_[1].fused ? "mixed" : "generic")) +
-          " k=" + code_name(p.kv.format[0]) + " v=" + code_name(p.kv.format[1]) + " hdim" + std::to_string(d_) +
+          " k=" + format_label(p.kv, 0) + " v=" + format_label(p.kv, 1) + " hdim" + std::to_string(d_) +
           " splits" + std::to_string(max_splits_);
   if (p.kv.regions.has_window()) path_ += " windows";
   if (p.kv.rot_k || p.kv.rot_v) path_ += " hadamard";
