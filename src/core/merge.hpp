@@ -16,13 +16,7 @@
 
 #include <cmath>
 
-#ifndef FLASHKV_HD
-#if defined(__CUDACC__)
-#define FLASHKV_HD __host__ __device__ __forceinline__
-#else
-#define FLASHKV_HD inline
-#endif
-#endif
+#include "core/host_device.hpp"
 
 namespace flashkv::core {
 

@@ -74,9 +74,9 @@ DecodeProblem make_decode_problem(const TensorView& q, const TensorView& k_cache
                                   const TensorView* lse, const DecodeOptions& options,
                                   std::vector<int64_t>& host_seqlens_k);
 
-/// The option checks shared by both decode entry points (Error naming 'options.<field>'); returns the resolved
-/// softmax scale.
-float check_decode_options(const DecodeOptions& options, int64_t head_dim);
+/// The option checks shared by both decode entry points (Error naming 'options.<field>'); fills the problem's
+/// semantics / execution fields (softmax scale resolved for problem.head_dim).
+void apply_decode_options(const DecodeOptions& options, DecodeProblem& problem);
 
 /// Binds q [total_q, num_heads, head_dim], out like q and lse [num_heads, total_q] (optional) of a PagedKVCache decode
 /// to a planned problem (sizes from the plan; Error / TypeError naming q / out / lse).

@@ -28,15 +28,21 @@ void check_io_dtype(const TensorView& q) {
 
 }  // namespace
 
-float check_decode_options(const DecodeOptions& o, int64_t head_dim) {
-  const float scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
+void apply_decode_options(const DecodeOptions& o, DecodeProblem& p) {
+  const float scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
   if (!std::isfinite(scale) || scale <= 0.0f) throw Error("options.softmax_scale", "finite and > 0", std::to_string(scale));
   if (o.window_size_left < -1) throw Error("options.window_size_left", ">= -1", str(o.window_size_left));
   if (!std::isfinite(o.softcap) || o.softcap < 0.0f) throw Error("options.softcap", "finite and >= 0", std::to_string(o.softcap));
   if (o.num_splits < 0 || o.num_splits > 1024) throw Error("options.num_splits", "0 (auto) .. 1024", str(o.num_splits));
   if (o.num_threads < 0) throw Error("options.num_threads", ">= 0 (0 = OpenMP default)", str(o.num_threads));
   if (o.max_seqlen_k < 0) throw Error("options.max_seqlen_k", ">= 0 (0 = none)", str(o.max_seqlen_k));
-  return scale;
+  p.softmax_scale = scale;
+  p.causal = o.causal;
+  p.window_size_left = o.window_size_left;
+  p.softcap = o.softcap;
+  p.num_splits = o.num_splits;
+  p.num_threads = o.num_threads;
+  p.stream = o.stream;
 }
 
 DecodeProblem make_decode_problem(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -130,13 +136,7 @@ DecodeProblem make_decode_problem(const TensorView& q, const TensorView& k_cache
   check_data(v_cache, "v_cache");
   check_data(cache_seqlens, "cache_seqlens");
   if (paged) check_data(*page_table, "page_table");
-  p.softmax_scale = check_decode_options(options, p.head_dim);
-  p.causal = options.causal;
-  p.window_size_left = options.window_size_left;
-  p.softcap = options.softcap;
-  p.num_splits = options.num_splits;
-  p.num_threads = options.num_threads;
-  p.stream = options.stream;
+  apply_decode_options(options, p);
 
   p.dtype = q.dtype;
   p.device = q.device;

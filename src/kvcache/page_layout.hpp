@@ -23,13 +23,7 @@
 
 #include <cstdint>
 
-#ifndef FLASHKV_HD
-#if defined(__CUDACC__)
-#define FLASHKV_HD __host__ __device__ __forceinline__
-#else
-#define FLASHKV_HD inline
-#endif
-#endif
+#include "core/host_device.hpp"
 
 namespace flashkv::kv {
 
@@ -121,6 +115,29 @@ struct TokenRegions {
   /// Window-buffer slot of a sink or residual position p.
   FLASHKV_HD int64_t win_slot(int64_t p) const {
     return p < sink_tokens ? p : sink_tokens + (p - sink_tokens) % ring_cap();
+  }
+  /// Splits key positions [p0, p1) of a sequence of n tokens into tiles that stay inside one region — the sinks, one
+  /// page of the quantized stream (page_size 0: no page boundaries, a contiguous cache), a contiguous run of the
+  /// residual ring — and hold at most max_tile tokens; calls fn(t0, t1) for each in order. Host code.
+  template <class F>
+  void for_each_tile(int64_t n, int64_t page_size, int64_t p0, int64_t p1, int64_t max_tile, F&& fn) const {
+    const int64_t S = sink_tokens, nq = quant_count(n), ring = ring_cap();
+    int64_t p = p0;
+    while (p < p1) {
+      int64_t end;
+      if (p < S) {
+        end = S;
+      } else if (p < S + nq) {
+        end = page_size > 0 ? S + ((p - S) / page_size + 1) * page_size : S + nq;
+        if (end > S + nq) end = S + nq;
+      } else {
+        end = p + (ring - (p - S) % ring);  // ring slots are contiguous until the ring wraps
+      }
+      if (end > p1) end = p1;
+      if (end > p + max_tile) end = p + max_tile;
+      fn(p, end);
+      p = end;
+    }
   }
   /// Pages a sequence of n tokens holds.
   FLASHKV_HD int64_t pages_for(int64_t n, int32_t page_size) const {

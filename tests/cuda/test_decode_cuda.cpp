@@ -24,6 +24,7 @@ namespace {
 
 using decodetest::check_decode;
 using decodetest::DecodeCase;
+using decodetest::expect_error;
 
 struct CudaMemory final : decodetest::Memory {
   std::vector<void*> blocks;
@@ -47,17 +48,6 @@ struct CudaMemory final : decodetest::Memory {
   }
 };
 
-template <class E, class F>
-void expect_error(F&& fn, const std::string& arg, std::initializer_list<const char*> parts = {}) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error on '" << arg << "'";
-  } catch (const E& e) {
-    if (!arg.empty()) {
-      EXPECT_EQ(e.argument(), arg) << e.what();
-    }
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 TEST(CudaDecode, PagedGqaVsReference) {

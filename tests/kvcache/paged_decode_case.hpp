@@ -20,9 +20,24 @@
 #include "common/reference.hpp"
 #include "core/float16.hpp"
 #include "flashkv/decode.hpp"
+#include "flashkv/error.hpp"
 #include "flashkv/types.hpp"
 
 namespace flashkv::decodetest {
+
+/// Runs fn, expects an Error of type E naming `arg` (empty: any) whose message contains every string of `parts`.
+template <class E, class F>
+void expect_error(F&& fn, const std::string& arg, std::initializer_list<const char*> parts = {}) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error on '" << arg << "'";
+  } catch (const E& e) {
+    if (!arg.empty()) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
 
 /// Memory of the device under test.
 struct Memory {

@@ -35,22 +35,6 @@ TEST(PagedDecodeCpu, MatchesReferenceEveryDtypeLayoutAndVariant) {
   check_decode(c, mem);
 }
 
-namespace {
-/// An Error of type E naming `arg` (empty: any) whose message contains every string of `parts`.
-template <class E, class F>
-void expect_error(F&& fn, const std::string& arg, std::initializer_list<const char*> parts = {}) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error on '" << arg << "'";
-  } catch (const E& e) {
-    if (!arg.empty()) {
-      EXPECT_EQ(e.argument(), arg) << e.what();
-    }
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
-}  // namespace
-
 TEST(PagedDecodeCpu, PastCapacityIsACapacityErrorAndWritesNothing) {
   // issue 10 item 1: cached 500 + 20 new tokens on a page table of 512 slots
   HostMemory mem;

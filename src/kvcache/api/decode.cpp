@@ -108,13 +108,7 @@ DecodePlan plan_decode(const PagedKVCache& cache, std::span<const int64_t> seq_i
   p.max_seqlen_q = max_q;
   p.host_cu_seqlens_q = plan->cu_seqlens_q.data();
   p.max_seqlen_k = max_k;
-  p.softmax_scale = core::check_decode_options(options, m.cfg.head_dim);
-  p.causal = options.causal;
-  p.window_size_left = options.window_size_left;
-  p.softcap = options.softcap;
-  p.num_splits = options.num_splits;
-  p.num_threads = options.num_threads;
-  p.stream = options.stream;
+  core::apply_decode_options(options, p);
   p.device = p.kv.device = m.cfg.device;
   p.device_index = p.kv.device_index = m.cfg.device_index;
   core::DecodeKV& kv = p.kv;

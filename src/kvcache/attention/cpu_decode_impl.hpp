@@ -9,6 +9,7 @@
 
 #include "core/decode_problem.hpp"
 #include "core/mask.hpp"
+#include "kvcache/attention/decode_tile.hpp"
 #include "kvcache/format/codec.hpp"
 
 namespace flashkv::kv {
@@ -38,6 +39,13 @@ class CpuDecodeWork final : public core::DecodeWork {
   int32_t num_splits() const override { return max_splits_; }
 
  private:
+  void append_new_rows(const core::DecodeProblem& p);
+  void prepare_queries(const core::DecodeProblem& p);
+  HalfTile half_tile(const core::DecodeProblem& p, int64_t b, int32_t hk, int half, int64_t n, int64_t t0, int64_t t1,
+                     FactoredTile& ft) const;
+  void run_tasks(const core::DecodeProblem& p);
+  void merge_and_store(const core::DecodeProblem& p);
+
   int64_t batch_ = 0, num_heads_kv_ = 0, g_ = 0, d_ = 0;
   int threads_ = 1;
   std::vector<core::MaskRule> rules_;      ///< per sequence (seqlen_q = its queries, seqlen_k = its keys)

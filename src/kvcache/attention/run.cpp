@@ -53,37 +53,21 @@ struct Locator {
   }
 };
 
-/// Splits keys [p0, p1) of sequence b (n keys) into region / page aligned tiles of at most kTile tokens.
-template <class F>
-void for_each_tile(const core::DecodeKV& kv, int64_t n, int64_t p0, int64_t p1, F&& fn) {
-  const int64_t S = kv.regions.sink_tokens, nq = kv.regions.quant_count(n);
-  const int64_t P = kv.page_table == nullptr ? std::numeric_limits<int64_t>::max() / 4 : kv.page_size;
-  const int64_t ring = kv.regions.ring_cap();
-  int64_t p = p0;
-  while (p < p1) {
-    int64_t end;
-    if (p < S) {
-      end = S;
-    } else if (p < S + nq) {
-      end = std::min(S + nq, S + ((p - S) / P + 1) * P);
-    } else {
-      end = p + (ring - (p - S) % ring);  // ring slots are contiguous until the ring wraps
-    }
-    end = std::min({end, p1, p + kTile});
-    fn(p, end);
-    p = end;
-  }
-}
-
 }  // namespace
 
 void CpuDecodeWork::run(const core::DecodeProblem& p) {
-  const core::DecodeKV& kv = p.kv;
-  const int64_t H = num_heads_kv_, g = g_, d = d_, B = batch_;
-  const int32_t di = static_cast<int32_t>(d);
+  if (p.k_new != nullptr) append_new_rows(p);
+  if (p.total_q == 0) return;
+  prepare_queries(p);
+  run_tasks(p);
+  merge_and_store(p);
+}
 
-  // ---- 0. tensor API: append k_new / v_new at positions seqlens[b] + i (16-bit rows, the cache's dtype) ------------
-  if (p.k_new != nullptr) {
+// ---- 0. tensor API: append k_new / v_new at positions seqlens[b] + i (16-bit rows, the cache's dtype) --------------
+void CpuDecodeWork::append_new_rows(const core::DecodeProblem& p) {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t H = num_heads_kv_, d = d_, B = batch_;
+  {
     const int64_t esize = p.dtype == DType::float32 ? 4 : 2;
     for (int64_t b = 0; b < B; ++b) {
       const Locator loc{kv, b};
@@ -102,9 +86,13 @@ void CpuDecodeWork::run(const core::DecodeProblem& p) {
       }
     }
   }
-  if (p.total_q == 0) return;
+}
 
-  // ---- 1. queries: once per (sequence, kv head) --------------------------------------------------------------------
+// ---- 1. queries: loaded, rotated, scaled and summed once per (sequence, kv head) -------------------------------------
+void CpuDecodeWork::prepare_queries(const core::DecodeProblem& p) {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t H = num_heads_kv_, g = g_, d = d_, B = batch_;
+  const int32_t di = static_cast<int32_t>(d);
   const float scale = p.softmax_scale;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -128,8 +116,15 @@ void CpuDecodeWork::run(const core::DecodeProblem& p) {
     }
   }
 
-  // ---- 2. tasks: online softmax over tiles --------------------------------------------------------------------------
-  auto half_tile = [&](int64_t b, int32_t hk, int half, int64_t n, int64_t t0, int64_t t1, FactoredTile& ft) {
+}
+
+// ---- the K or V half of one tile: packed (fused kernels) or decoded by the codec -----------------------------------
+HalfTile CpuDecodeWork::half_tile(const core::DecodeProblem& p, int64_t b, int32_t hk, int half, int64_t n, int64_t t0,
+                                  int64_t t1, FactoredTile& ft) const {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t d = d_;
+  const int32_t di = static_cast<int32_t>(d);
+
     HalfTile h;
     const int64_t S = kv.regions.sink_tokens, nq = kv.regions.quant_count(n);
     const CpuHalfPlan& plan = half_[half];
@@ -190,7 +185,12 @@ void CpuDecodeWork::run(const core::DecodeProblem& p) {
     for (int64_t i = 0; i < (t1 - t0) * d; ++i) ft.raw[i] = bf16_to_float(w[i]);
     h.dec = &ft;
     return h;
-  };
+  }
+
+// ---- 2. tasks: online softmax over tiles -------------------------------------------------------------------------------
+void CpuDecodeWork::run_tasks(const core::DecodeProblem& p) {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t H = num_heads_kv_, g = g_, d = d_;
   const float softcap = p.softcap;
   const int64_t ntasks = static_cast<int64_t>(tasks_.size());
 #pragma omp parallel num_threads(threads_)
@@ -221,19 +221,26 @@ void CpuDecodeWork::run(const core::DecodeProblem& p) {
       std::fill(acc, acc + rows * d, 0.0f);
       std::fill(mm, mm + rows, -std::numeric_limits<float>::infinity());
       std::fill(ll, ll + rows, 0.0f);
-      for_each_tile(kv, rule.seqlen_k, T.k0, T.k1, [&](int64_t t0, int64_t t1) {
+      kv.regions.for_each_tile(rule.seqlen_k, kv.page_table == nullptr ? 0 : kv.page_size, T.k0, T.k1, kTile,
+                               [&](int64_t t0, int64_t t1) {
         int64_t qa = 0, qb = 0;  // rows of this tile's visible band
         rule.block_query_range(t0, t1, &qa, &qb);
         if (qb <= qa) return;
-        const HalfTile kt = half_tile(T.b, T.hk, 0, rule.seqlen_k, t0, t1, kft);
-        const HalfTile vt = half_tile(T.b, T.hk, 1, rule.seqlen_k, t0, t1, vft);
+        const HalfTile kt = half_tile(p, T.b, T.hk, 0, rule.seqlen_k, t0, t1, kft);
+        const HalfTile vt = half_tile(p, T.b, T.hk, 1, rule.seqlen_k, t0, t1, vft);
         tile_update(rule, qa, qb, g, d, t0, t1, qprep_.data() + r0 * d, qsum_.data() + r0, kt, vt, softcap, acc, mm,
                     ll, scr);
       });
     }
   }
 
-  // ---- 3. merge splits (core/merge.hpp), normalize, rotate back, store ---------------------------------------------
+}
+
+// ---- 3. merge splits (core/merge.hpp), normalize, rotate back, store ------------------------------------------------
+void CpuDecodeWork::merge_and_store(const core::DecodeProblem& p) {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t H = num_heads_kv_, g = g_, d = d_, B = batch_;
+  const int32_t di = static_cast<int32_t>(d);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, hk = bh % H;

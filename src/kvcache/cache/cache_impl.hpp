@@ -86,27 +86,10 @@ struct PagedKVCache::Impl {
   /// Decodes positions [p0, p1) of (seq, layer, half, head) of a host cache into out [p1 − p0][head_dim] float, in the
   /// stored (rotated) basis. The range must lie inside one region: sinks, one page of the quantized stream, residual.
   void decode_range(const Seq& s, int32_t layer, int half, int32_t head, int64_t p0, int64_t p1, float* out) const;
-  /// Splits [p0, p1) into region/page-aligned tiles of at most max_tile tokens and calls fn(t0, t1) for each.
+  /// Splits [p0, p1) of (seq, layer) into region/page-aligned tiles of at most max_tile tokens (kv::TokenRegions).
   template <class F>
   void for_each_tile(const Seq& s, int32_t layer, int64_t p0, int64_t p1, int64_t max_tile, F&& fn) const {
-    const int64_t S = cfg.sink_tokens;
-    const int64_t nq = s.nq[static_cast<size_t>(layer)];
-    int64_t p = p0;
-    while (p < p1) {
-      int64_t end;
-      if (p < S) {
-        end = S;
-      } else if (p < S + nq) {
-        end = S + ((p - S) / cfg.page_size + 1) * cfg.page_size;
-        if (end > S + nq) end = S + nq;
-      } else {
-        end = p + (ring_cap() - (p - S) % ring_cap());  // ring slots are contiguous until the ring wraps
-      }
-      if (end > p1) end = p1;
-      if (end > p + max_tile) end = p + max_tile;
-      fn(p, end);
-      p = end;
-    }
+    regions.for_each_tile(s.n[static_cast<size_t>(layer)], cfg.page_size, p0, p1, max_tile, fn);
   }
 };
 

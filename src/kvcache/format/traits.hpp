@@ -1,5 +1,5 @@
-// The ONE description of a KV storage format, for the host and the device (g++ C++20 and nvcc C++17; no flashkv or
-// std-library types beyond <cstdint>/<cstring>/<cmath>). Every consumer reads it:
+// The ONE description of a KV storage format, for the host and the device (g++ C++20 and nvcc C++17; no flashkv
+// types, nothing beyond <cstdint>/<cstring>/<cmath> and core/host_device.hpp). Every consumer reads it:
 //   * the CPU codec (kvcache/format/codec.hpp: encode on append, decode for dequantize() and the generic tile path),
 //   * the AVX-512 fused decode kernels (kvcache/attention/decode_fused.hpp: templated on KVCode, affine part by
 //     KVScaling),
@@ -40,13 +40,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifndef FLASHKV_HD
-#if defined(__CUDACC__)
-#define FLASHKV_HD __host__ __device__ __forceinline__
-#else
-#define FLASHKV_HD inline
-#endif
-#endif
+#include "core/host_device.hpp"
 
 namespace flashkv::kv {
 
