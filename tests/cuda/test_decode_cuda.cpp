@@ -48,8 +48,6 @@ struct CudaMemory final : decodetest::Memory {
   }
 };
 
-}
-
 TEST(CudaDecode, PagedGqaVsReference) {
   CudaMemory mem;
   for (DType t : {DType::bfloat16, DType::float16}) {
