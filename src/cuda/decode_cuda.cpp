@@ -13,6 +13,7 @@
 
 #include "core/backend.hpp"
 #include "core/decode_problem.hpp"
+#include "core/scaling.hpp"
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
 #include "cuda/kernels.hpp"
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int kDecodeBlockN = 64;  // tokens per key block (sm80::DecodeConfig::kBlockN)
 constexpr int kCtasPerSm = 2;      // decode CTAs resident per SM (shared memory bound)
-constexpr float kLog2e = 1.4426950408889634f;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -213,9 +213,10 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   d.rows_per_kv_head = static_cast<int32_t>(p.max_seqlen_q * p.group_size());
   d.causal = p.causal;
   d.window_left = p.window_size_left;
-  d.softcap = p.softcap > 0;
-  d.score_scale = d.softcap ? p.softmax_scale / p.softcap : 1.f;
-  d.softmax_scale_log2 = (d.softcap ? p.softcap : p.softmax_scale) * kLog2e;
+  const core::ScoreScaling sc = core::resolve_scaling(p.softmax_scale, p.softcap);  // one place for every kernel
+  d.softcap = sc.softcap;
+  d.score_scale = sc.score_scale;
+  d.softmax_scale_log2 = sc.softmax_scale_log2;
   d.o_accum = o_accum_ ? o_accum_->as<float>() : nullptr;
   d.lse_accum = lse_accum_ ? lse_accum_->as<float>() : nullptr;
   reinterpret_cast<DecodeLaunch>(ke_->launch)(d, stream_);

@@ -48,6 +48,9 @@ class CpuDecodeWork final : public core::DecodeWork {
 
   int64_t batch_ = 0, num_heads_kv_ = 0, g_ = 0, d_ = 0;
   int threads_ = 1;
+  /// The query preparation and the merge are a few microseconds (decode: batch · heads rows): run them on the calling
+  /// thread instead of paying a parallel region each (under contention a region's barrier can cost a scheduler tick).
+  bool small_work_ = false;
   std::vector<core::MaskRule> rules_;      ///< per sequence (seqlen_q = its queries, seqlen_k = its keys)
   std::vector<int64_t> q_begin_;           ///< per sequence, first query row
   std::vector<int64_t> bh_row0_;           ///< per (b, hk): first row of its prepared queries / outputs

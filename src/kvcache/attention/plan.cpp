@@ -105,6 +105,7 @@ CpuDecodeWork::CpuDecodeWork(const core::DecodeProblem& p)
   }
   task_begin_[static_cast<size_t>(B * H)] = static_cast<int64_t>(tasks_.size());
   bh_row0_[static_cast<size_t>(B * H)] = p.total_q * H * g_;
+  small_work_ = part_rows_ * d_ <= (int64_t{1} << 16);
   part_acc_.resize(static_cast<size_t>(part_rows_ * d_));
   part_m_.resize(static_cast<size_t>(part_rows_));
   part_l_.resize(static_cast<size_t>(part_rows_));

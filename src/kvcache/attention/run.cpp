@@ -94,7 +94,7 @@ void CpuDecodeWork::prepare_queries(const core::DecodeProblem& p) {
   const int64_t H = num_heads_kv_, g = g_, d = d_, B = batch_;
   const int32_t di = static_cast<int32_t>(d);
   const float scale = p.softmax_scale;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_) if (small_work_ == false)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, hk = bh % H;
     const int64_t nqb = rules_[static_cast<size_t>(b)].seqlen_q;
@@ -241,7 +241,7 @@ void CpuDecodeWork::merge_and_store(const core::DecodeProblem& p) {
   const core::DecodeKV& kv = p.kv;
   const int64_t H = num_heads_kv_, g = g_, d = d_, B = batch_;
   const int32_t di = static_cast<int32_t>(d);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_) if (small_work_ == false)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, hk = bh % H;
     const core::MaskRule& rule = rules_[static_cast<size_t>(b)];
