@@ -34,8 +34,8 @@ struct DecodeKV {
   kv::KVHalfFormat format[2];       ///< K, V
   const float* head_scales[2] = {nullptr, nullptr};  ///< host: static fp8 scale per kv-head (head_static), else nullptr
   kv::TokenRegions regions;         ///< sinks / quantized stream / residual ring (all zero: every token paged)
-  /// Windows only (host memory): per sequence the base of its bf16 window buffer (kv::WindowGeometry, layer and half
-  /// and head applied through `window`), [batch] pointers; nullptr when regions.has_window() is false.
+  /// Windows only: per sequence the base of its bf16 window buffer on `device` (kv::WindowGeometry; layer, half and
+  /// head applied through `window`), a [batch] array in host memory; nullptr when regions.has_window() is false.
   const uint16_t* const* window_bases = nullptr;
   kv::WindowGeometry window;
   int32_t layer = 0;                ///< layer of `pages` / the window buffers
