@@ -8,6 +8,7 @@
 
 #include "core/float16.hpp"
 #include "kv_test_util.hpp"
+#include "naive_quant.hpp"
 
 using namespace flashkv;
 using kvtest::make_config;
@@ -123,9 +124,15 @@ struct AttnCase {
   std::vector<float> k_scales{}, v_scales{};  // static fp8 scales
 };
 
+/// Quantization error of one case: the cache's, and the naive same-precision quantization's (naive_quant.hpp; with
+/// rotation: of the same format unrotated), both as max over sequences of max |out − out_unquantized| / max |out_unquantized| (float64 attention).
+struct QuantError {
+  double cache = 0, naive = 0;
+};
+
 /// Runs one case; checks cache attention vs the float64 reference on the dequantized K/V (kernel error) and returns
-/// the max relative error vs the unquantized K/V (quantization error).
-double run_attention_case(const AttnCase& ac, uint64_t salt) {
+/// the quantization errors vs the unquantized K/V.
+QuantError run_attention_case(const AttnCase& ac, uint64_t salt) {
   const Case& cs = ac.c;
   KVCacheConfig cfg = make_config(cs.dtype, 2, cs.H, cs.d, cs.P, cs.R, cs.S, 512);
   if (cs.rotate) cfg.rotation = KVRotation::hadamard;
@@ -177,7 +184,9 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
       out[i] = ac.qdtype == DType::bfloat16 ? bf16_to_float(out16[i]) : fp16_to_float(out16[i]);
     }
   }
-  double worst_quant = 0;
+  QuantError worst;
+  KVCacheConfig unrotated = cfg;
+  unrotated.rotation = KVRotation::none;
   const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
   for (int64_t b = 0; b < B; ++b) {
     const kvtest::KV dq = kvtest::dequant(c, 10 + b, 1);
@@ -187,10 +196,14 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
                                 ac.softcap, ref, ref_lse);
     kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, K[b], V[b], ac.lens[b], cs.H, cs.d, scale, ac.causal, ac.window,
                                 ac.softcap, exact, exact_lse);
+    std::vector<double> naive, naive_lse;
+    kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, kvtest::naive_quantize_half(unrotated, true, K[b], ac.lens[b]),
+                                kvtest::naive_quantize_half(unrotated, false, V[b], ac.lens[b]), ac.lens[b], cs.H,
+                                cs.d, scale, ac.causal, ac.window, ac.softcap, naive, naive_lse);
     double vmax = 1e-30;
     for (float x : dq.v) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
     const double tol = ac.qdtype == DType::float32 ? 2e-5 : (ac.qdtype == DType::bfloat16 ? 8e-3 : 1e-3);
-    double qerr = 0, qden = 1e-30, kerr = 0, lerr = 0;
+    double qerr = 0, qden = 1e-30, nerr = 0, kerr = 0, lerr = 0;
     bool finite = true, lse_ok = true;
     for (int64_t i = 0; i < ac.nqs[b]; ++i) {
       for (int64_t h = 0; h < cs.Hq; ++h) {
@@ -208,6 +221,7 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
           finite = finite && std::isfinite(o);
           kerr = std::max(kerr, std::fabs(o - ref[ri]) / vmax);
           qerr = std::max(qerr, std::fabs(ref[ri] - exact[ri]));
+          nerr = std::max(nerr, std::fabs(naive[ri] - exact[ri]));
           qden = std::max(qden, std::fabs(exact[ri]));
         }
       }
@@ -216,15 +230,20 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
     EXPECT_TRUE(lse_ok) << cs.dtype << " b=" << b << ": rows without visible keys must have lse = -inf";
     EXPECT_LE(kerr, tol) << cs.dtype << " b=" << b << " (kernel error vs reference on dequantized K/V)";
     EXPECT_LE(lerr, 1e-5) << cs.dtype << " b=" << b << " (lse)";
-    worst_quant = std::max(worst_quant, qerr / qden);
+    worst.cache = std::max(worst.cache, qerr / qden);
+    worst.naive = std::max(worst.naive, nerr / qden);
   }
-  return worst_quant;
+  return worst;
 }
 }  // namespace
 
 TEST(KVCacheAttention, MatchesReferenceOnDequantizedEveryFormat) {
-  // kernel error vs the reference on the dequantized cache; quantization error (vs unquantized) printed per format
-  std::printf("%-22s %s\n", "format", "max |out − out_unquantized| / max |out_unquantized|");
+  // Kernel error vs the reference on the dequantized cache (run_attention_case); quantization error (vs unquantized)
+  // per format, bounded by 2× the error of the naive same-precision quantization of the same K/V (naive_quant.hpp:
+  // float64 scale / min, the format's grid). A fixed per-format constant is no bound: the error relative to max |out|
+  // varies with the seed (fp8_e4m3 reached 0.104 for seed 15707018718284646572 against a guessed 0.1, with the codec
+  // rounding exactly as the naive one does).
+  std::printf("%-22s %-12s %s\n", "format", "quant error", "naive same-precision (max |out − out_unquantized| / max |out_unquantized|)");
   uint64_t salt = 500;
   for (const char* f : {"fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_dynamic", "int8", "int8_g32", "int4",
                         "int4_g32", "int4_kivi", "int2_kivi", "k:int8,v:int4", "k:int4_kivi,v:int2_kivi"}) {
@@ -232,16 +251,12 @@ TEST(KVCacheAttention, MatchesReferenceOnDequantizedEveryFormat) {
     ac.c = Case{f, 2, 8, 64, 32, 0, 0};
     ac.lens = {0, 1, 31, 32, 33, 95, 200};
     ac.nqs = {1, 1, 1, 1, 1, 1, 1};
-    const double qe = run_attention_case(ac, salt++);
-    std::printf("%-22s %.3e\n", f, qe);
-    const KVFormatSpec spec = parse_kv_cache_dtype(f).second;  // V dominates the output error
-    // bf16 keeps 8 significant bits: the max output error relative to max |out| reaches 5.6e-3 for some seeds
-    const double bound = spec.code_bits() >= 16   ? 1e-2
-                         : spec.format == KVFormat::fp8_e5m2 ? 0.25
-                         : spec.code_bits() == 8 ? 0.1
-                         : spec.code_bits() == 4 ? 0.8
-                                                 : 2.0;
-    EXPECT_LT(qe, bound) << f;
+    const QuantError qe = run_attention_case(ac, salt++);
+    std::printf("%-22s %.3e    %.3e\n", f, qe.cache, qe.naive);
+    EXPECT_LE(qe.cache, 2 * qe.naive + 1e-6) << f << ": quantization error over 2x the naive same-precision error";
+    if (std::string(f) != "fp32") {
+      EXPECT_GT(qe.naive, 0) << f << ": the naive quantization changed nothing";
+    }
   }
 }
 
@@ -350,13 +365,15 @@ TEST(KVCacheAttention, DecodeKernelsEveryFormatHeadDimAndGqaGroup) {
 
 TEST(KVCacheAttention, RotationPreservesScoresAndRotatesOutputBack) {
   // With fp32 storage rotation is skipped; with int8 + rotation, attention equals the reference on the dequantized
-  // (unrotated) values, and differs from the non-rotated cache only by quantization error.
+  // (unrotated) values, and its quantization error stays within 2x the naive unrotated int8 quantization's.
   AttnCase ac;
   ac.c = Case{"int8", 2, 4, 64, 16, 0, 0, true};
   ac.lens = {50};
   ac.nqs = {2};
-  const double qe = run_attention_case(ac, 4242);
-  EXPECT_LT(qe, 0.05);
+  const QuantError qe = run_attention_case(ac, 4242);
+  std::printf("int8 + hadamard: quant error %.3e, naive unrotated int8 %.3e\n", qe.cache, qe.naive);
+  EXPECT_LE(qe.cache, 2 * qe.naive);
+  EXPECT_GT(qe.naive, 0);
 }
 
 TEST(KVCache, DefaultCapacityGrowsOnDemand) {
