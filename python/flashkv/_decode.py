@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from . import _library as L
+from ._attention import _bool_arg, _float_arg, _int_arg
 from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
 
 
@@ -29,37 +30,21 @@ def _int32_arg(x: Any, name: str) -> TensorArg:
 
 def _options(softmax_scale: Any, causal: Any, softcap: Any, num_splits: Any, max_seqlen_k: Any,
              window_size_left: Any = -1, num_threads: Any = 0) -> L.DecodeOptions:
+    """flashkv_decode_options from the Python arguments: ints / bools / floats checked (never truncated or wrapped;
+    the same checks as flashkv.attention), ranges that only Python can see checked here, the rest by the library."""
     o = L.DecodeOptions()
     L.check(L.lib().flashkv_decode_options_default(ctypes.byref(o)))
     if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(
-                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
-            )
         o.has_softmax_scale = 1
-        o.softmax_scale = float(softmax_scale)
+        o.softmax_scale = _float_arg(softmax_scale, "softmax_scale", "a float or None")
         if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
             raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
-    o.causal = 1 if causal else 0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
-    o.softcap = float(softcap)
-    for name, value in (("num_splits", num_splits), ("max_seqlen_k", max_seqlen_k),
-                        ("window_size_left", window_size_left), ("num_threads", num_threads)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(value).__name__}")
-    if not 0 <= num_splits <= 1024:
-        raise ValueError(f"flashkv: argument 'num_splits': expected 0 (auto) .. 1024, got {num_splits}")
-    if max_seqlen_k < 0:
-        raise ValueError(f"flashkv: argument 'max_seqlen_k': expected >= 0 (0 = none), got {max_seqlen_k}")
-    if window_size_left < -1:
-        raise ValueError(f"flashkv: argument 'window_size_left': expected >= -1 (-1 = unbounded), got {window_size_left}")
-    if num_threads < 0:
-        raise ValueError(f"flashkv: argument 'num_threads': expected >= 0 (0 = all), got {num_threads}")
-    o.num_splits = num_splits
-    o.max_seqlen_k = max_seqlen_k
-    o.window_size_left = window_size_left
-    o.num_threads = num_threads
+    o.causal = 1 if _bool_arg(causal, "causal") else 0
+    o.softcap = _float_arg(softcap, "softcap", "a float")
+    o.num_splits = _int_arg(num_splits, "num_splits", 0, 1024)
+    o.max_seqlen_k = _int_arg(max_seqlen_k, "max_seqlen_k", 0, 2**63 - 1)
+    o.window_size_left = _int_arg(window_size_left, "window_size_left", -1)
+    o.num_threads = _int_arg(num_threads, "num_threads", 0)
     return o
 
 

@@ -110,6 +110,19 @@ def test_python_side_argument_checks(rng):
         flashkv.paged_decode(q, kc, vc, table, None)
     with pytest.raises(TypeError, match="'q'"):
         flashkv.paged_decode([[1.0]], kc, vc, table, seqlens)
+    # the checks of flashkv.attention: no truncation, no truthiness, no int64 wrap-around
+    with pytest.raises(TypeError, match="'causal'"):
+        flashkv.paged_decode(q, kc, vc, table, seqlens, causal="no")
+    with pytest.raises(TypeError, match="'window_size_left'"):
+        flashkv.paged_decode(q, kc, vc, table, seqlens, window_size_left=6.5)
+    with pytest.raises(TypeError, match="'max_seqlen_k'"):
+        flashkv.paged_decode(q, kc, vc, table, seqlens, max_seqlen_k=True)
+    with pytest.raises(ValueError, match="'max_seqlen_k'"):
+        flashkv.paged_decode(q, kc, vc, table, seqlens, max_seqlen_k=2**63)
+    with pytest.raises(ValueError, match="'num_threads'"):
+        flashkv.paged_decode(q, kc, vc, table, seqlens, num_threads=-1)
+    out = flashkv.paged_decode(q, kc, vc, table, seqlens, causal=np.bool_(True), num_splits=np.int64(2))
+    assert out.shape == q.shape  # numpy scalars are accepted
 
 
 class _FakeInt64Tensor:
