@@ -44,8 +44,10 @@ const DecodeBackend* decode_backend(Device device) {
   return g_decode_backends[slot(device)].load(std::memory_order_acquire);
 }
 
-const DecodeBackend& require_decode_backend(Device device) {
-  const DecodeBackend* be = decode_backend(device);
+namespace {
+/// `be` or UnsupportedError: not compiled in, or compiled in without a device present.
+template <class Backend>
+const Backend& require(const Backend* be, Device device) {
   if (be == nullptr) {
     if (device == Device::cuda) throw UnsupportedError("flashkv was built without the CUDA backend");
     throw UnsupportedError(std::string("flashkv: no backend for device ") + device_name(device));
@@ -56,5 +58,10 @@ const DecodeBackend& require_decode_backend(Device device) {
   }
   return *be;
 }
+}  // namespace
+
+const DeviceBackend& require_device_backend(Device device) { return require(device_backend(device), device); }
+
+const DecodeBackend& require_decode_backend(Device device) { return require(decode_backend(device), device); }
 
 }  // namespace flashkv::core

@@ -37,6 +37,8 @@ void register_device_backend(Device device, const DeviceBackend* backend);
 
 /// The registered backend for `device`, or nullptr.
 const DeviceBackend* device_backend(Device device);
+/// The backend for `device` or UnsupportedError ("flashkv was built without the CUDA backend" / "no CUDA device").
+const DeviceBackend& require_device_backend(Device device);
 
 /// Device side of the KV cache and of decode attention over it (src/core/decode_problem.hpp). Registered like
 /// DeviceBackend (the CUDA layer: src/cuda/decode_cuda.cpp); the KV cache layer (src/kvcache/) reaches device memory and

@@ -200,6 +200,41 @@ inline void reset(DecodeSetup& s, Memory& mem) {
   mem.upload(s.dlse, lpoison.data(), lpoison.size() * 4);
 }
 
+/// Issue 10 item 1 on any device: cached 500 + 20 new tokens on a page table of 512 slots is a CapacityError naming
+/// the lengths and the capacity (with the lengths read back, a promise past the capacity, and one exactly at 500), and
+/// neither the cache nor out is written; without the append the lengths fit; a negative length is an argument error.
+/// Returns the setup (lengths {0, 3} uploaded) for device-specific checks after it.
+inline DecodeSetup check_capacity_error(Memory& mem) {
+  DecodeCase c;
+  c.batch = 2, c.seqlen_q = 20, c.heads = 4, c.heads_kv = 2, c.head_dim = 64, c.page_size = 64, c.max_pages = 8;
+  c.lens = {7, 500};
+  std::mt19937_64 rng(testing::test_seed());
+  DecodeSetup s = make_setup(c, mem, rng);
+  reset(s, mem);
+  std::vector<uint8_t> out_before(s.q.bytes.size());
+  mem.download(out_before.data(), s.dout, out_before.size());
+  for (int64_t promise : {0, 600, 500}) {
+    DecodeOptions o;
+    o.max_seqlen_k = promise;
+    expect_error<CapacityError>(
+        [&] { paged_decode(s.qv, s.kcv, s.vcv, &s.tv, s.sv, &s.knv, &s.vnv, s.ov, &s.lv, o); }, "",
+        {promise ? "max_seqlen_k" : "500", "512", "nothing written"});
+    std::vector<uint8_t> kc(s.kc.bytes.size()), out(out_before.size());
+    mem.download(kc.data(), s.dkc, kc.size());
+    mem.download(out.data(), s.dout, out.size());
+    EXPECT_TRUE(kc == s.kc.bytes) << "k_cache written by a rejected call (max_seqlen_k " << promise << ")";
+    EXPECT_TRUE(out == out_before) << "out written by a rejected call (max_seqlen_k " << promise << ")";
+  }
+  paged_decode(s.qv, s.kcv, s.vcv, &s.tv, s.sv, nullptr, nullptr, s.ov, &s.lv, {});
+  s.lens = {-1, 3};
+  mem.upload(const_cast<void*>(s.sv.data), s.lens.data(), 8);
+  expect_error<Error>([&] { paged_decode(s.qv, s.kcv, s.vcv, &s.tv, s.sv, nullptr, nullptr, s.ov, &s.lv, {}); },
+                      "cache_seqlens");
+  s.lens = {0, 3};
+  mem.upload(const_cast<void*>(s.sv.data), s.lens.data(), 8);
+  return s;
+}
+
 /// float64 reference (and its naive same-precision twin) over the gathered keys: cache, then the appended tokens.
 struct Reference {
   testing::RefVarlenShape shape;

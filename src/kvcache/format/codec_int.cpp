@@ -130,14 +130,7 @@ FLASHKV_ALWAYS_INLINE void decode_kivi_key_tile_t(const uint8_t* __restrict code
   for (int32_t t = 0; t < n; ++t) {
     const int32_t gi = (slot + t) / G;
     if (gi != cur_group) {
-      const uint8_t* m = meta + static_cast<int64_t>(gi) * meta_group_bytes;
-      for (int32_t c = 0; c < d; ++c) {
-        uint16_t s, z;
-        std::memcpy(&s, m + 2 * c, 2);
-        std::memcpy(&z, m + 2 * (d + c), 2);
-        sc[c] = half_to_float_finite(s);
-        mn[c] = half_to_float_finite(z);
-      }
+      kivi_meta_scalar(meta + static_cast<int64_t>(gi) * meta_group_bytes, d, sc, mn);
       cur_group = gi;
     }
     float* o = out + static_cast<int64_t>(t) * d;
