@@ -1,5 +1,5 @@
 // The ONE description of a KV storage format, for the host and the device (g++ C++20 and nvcc C++17; no flashkv
-// types, nothing beyond <cstdint>/<cstring>/<cmath> and core/host_device.hpp). Every consumer reads it:
+// types, nothing beyond <cstdint>/<cstring>/<cmath>, core/host_device.hpp and core/float16.hpp). Every consumer reads it:
 //   * the CPU codec (kvcache/format/codec.hpp: encode on append, decode for dequantize() and the generic tile path),
 //   * the AVX-512 fused decode kernels (kvcache/attention/decode_fused.hpp: templated on KVCode, affine part by
 //     KVScaling),
@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/float16.hpp"
 #include "core/host_device.hpp"
 
 namespace flashkv::kv {
@@ -71,17 +72,9 @@ FLASHKV_HD constexpr int32_t code_bits(KVCode c) {
 FLASHKV_HD constexpr bool is_integer_code(KVCode c) { return c == KVCode::u8 || c == KVCode::u4 || c == KVCode::u2; }
 FLASHKV_HD constexpr bool is_fp8_code(KVCode c) { return c == KVCode::e4m3 || c == KVCode::e5m2; }
 
-// ---- scalar conversions (bit-exact on host and device) ---------------------------------------------------------------
-FLASHKV_HD float u32_as_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-FLASHKV_HD uint32_t float_as_u32(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
+// ---- scalar conversions (bit-exact on host and device; the 16-bit ones are core/float16.hpp's) ------------------------
+FLASHKV_HD float u32_as_float(uint32_t u) { return flashkv::bits_to_float(u); }
+FLASHKV_HD uint32_t float_as_u32(float f) { return flashkv::float_to_bits(f); }
 /// Round to nearest, ties to even (the default rounding mode on the host; rintf on the device).
 FLASHKV_HD float round_even(float x) {
 #if defined(__CUDA_ARCH__)
@@ -93,41 +86,11 @@ FLASHKV_HD float round_even(float x) {
 /// 2^k as a float for k in [-126, 127] (exact).
 FLASHKV_HD float pow2f(int k) { return u32_as_float(static_cast<uint32_t>(k + 127) << 23); }
 
-FLASHKV_HD float bf16_bits_to_float(uint16_t h) { return u32_as_float(static_cast<uint32_t>(h) << 16); }
-/// float -> bfloat16 bits, round to nearest even; NaN stays (quiet) NaN.
-FLASHKV_HD uint16_t float_to_bf16_bits(float f) {
-  uint32_t u = float_as_u32(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-/// IEEE binary16 bits -> float (exact, subnormals included, inf / NaN preserved; no float subnormal arithmetic).
-FLASHKV_HD float fp16_bits_to_float(uint16_t h) {
-  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return u32_as_float(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) return u32_as_float(float_as_u32(static_cast<float>(man) * 5.9604644775390625e-08f) | sign);  // 2^-24
-  return u32_as_float(sign | ((exp + 112) << 23) | (man << 13));
-}
-/// float -> IEEE binary16 bits, round to nearest even; overflow -> ±inf; NaN stays NaN.
-FLASHKV_HD uint16_t float_to_fp16_bits(float f) {
-  const uint32_t u = float_as_u32(f);
-  const uint32_t sign = (u >> 16) & 0x8000u, absu = u & 0x7fffffffu;
-  if (absu >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0u));
-  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520 -> inf
-  if (absu < 0x38800000u) {  // subnormal or zero: units of 2^-24, round half to even
-    const float units = u32_as_float(absu) * 16777216.0f;  // exact
-    uint32_t iu = static_cast<uint32_t>(units);
-    const float frac = units - static_cast<float>(iu);
-    if (frac > 0.5f || (frac == 0.5f && (iu & 1u))) ++iu;
-    return static_cast<uint16_t>(sign | iu);
-  }
-  const uint32_t exp = (absu >> 23) - 127 + 15, man = absu & 0x7fffffu;
-  uint32_t half = (exp << 10) | (man >> 13);
-  const uint32_t rest = man & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
-  return static_cast<uint16_t>(sign | half);
-}
+/// bfloat16 / IEEE binary16 bits <-> float, round to nearest even, inf / NaN preserved (fp16 overflow -> ±inf).
+FLASHKV_HD float bf16_bits_to_float(uint16_t h) { return flashkv::bf16_to_float(h); }
+FLASHKV_HD uint16_t float_to_bf16_bits(float f) { return flashkv::float_to_bf16(f); }
+FLASHKV_HD float fp16_bits_to_float(uint16_t h) { return flashkv::fp16_to_float(h); }
+FLASHKV_HD uint16_t float_to_fp16_bits(float f) { return flashkv::float_to_fp16(f); }
 /// fp16 rounded toward −inf / +inf (finite x): min rounded down and scale rounded up keep the group covered.
 FLASHKV_HD uint16_t fp16_bits_round_down(float x) {
   uint16_t h = float_to_fp16_bits(x);
