@@ -3,7 +3,9 @@
 // grammar and "TOKENS AND WINDOWS"), independent of the codec (src/kvcache/format/): exact float64 scale / min instead
 // of fp16-rounded ones, round-to-nearest-even written out per format. Attention on these values is "the naive
 // computation at the format's precision"; the cache's output error vs the unquantized K/V must stay within 2× its error
-// (the rule of docs: low-precision error ≤ 2× the naive same-precision error). No rotation.
+// (the rule of docs: low-precision error ≤ 2× the naive same-precision error). Rotation (QuaRot): the quantized
+// tokens are rotated x' = H·D·x / sqrt(d) in float64 (an FWHT written here; D = `signs`, the cache's ±1 diagonal),
+// quantized, and rotated back.
 #pragma once
 
 #include <algorithm>
@@ -42,11 +44,29 @@ inline void naive_affine(double* x, int64_t n, int64_t stride, int bits) {
   }
 }
 
-/// One half [n][H][d] of a cache with config `cfg`, naively quantized (float64). `is_key` picks K's format / scales.
+/// In place: x' = H·D·x / sqrt(n) (forward) or x = D·H·x' / sqrt(n) (inverse); n a power of two, H Walsh–Hadamard.
+inline void naive_hadamard(double* x, int64_t n, const std::vector<float>& signs, bool inverse) {
+  if (!inverse) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= signs[static_cast<size_t>(i)];
+  }
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const double a = x[j], b = x[j + h];
+        x[j] = a + b, x[j + h] = a - b;
+      }
+    }
+  }
+  const double norm = 1.0 / std::sqrt(static_cast<double>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= norm * (inverse ? signs[static_cast<size_t>(i)] : 1.0);
+}
+
+/// One half [n][H][d] of a cache with config `cfg`, naively quantized (float64). `is_key` picks K's format / scales;
+/// `signs`: the rotation's ±1 diagonal (needed when cfg.rotation is hadamard).
 inline std::vector<double> naive_quantize_half(const flashkv::KVCacheConfig& cfg, bool is_key,
-                                               const std::vector<float>& x, int64_t n) {
+                                               const std::vector<float>& x, int64_t n,
+                                               const std::vector<float>& signs = {}) {
   using flashkv::KVFormat;
-  if (cfg.rotation != flashkv::KVRotation::none) throw std::invalid_argument("naive_quantize_half: no rotation");
   const flashkv::KVFormatSpec& f = is_key ? cfg.k_format : cfg.v_format;
   const int64_t H = cfg.num_heads_kv, d = cfg.head_dim, S = cfg.sink_tokens, R = cfg.residual_tokens;
   const bool kivi = cfg.k_format.is_kivi() || cfg.v_format.is_kivi();
@@ -67,6 +87,13 @@ inline std::vector<double> naive_quantize_half(const flashkv::KVCacheConfig& cfg
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t c = 0; c < d; ++c) at(t, h)[c] = naive_bf16(at(t, h)[c]);
       }
+    }
+  }
+  const bool rotate = cfg.rotation == flashkv::KVRotation::hadamard && f.is_quantized();
+  if (rotate && static_cast<int64_t>(signs.size()) != d) throw std::invalid_argument("naive_quantize_half: signs");
+  if (rotate) {
+    for (int64_t t = S; t < S + nq; ++t) {
+      for (int64_t h = 0; h < H; ++h) naive_hadamard(at(t, h), d, signs, false);
     }
   }
   const std::vector<float>& scales = is_key ? cfg.k_scales : cfg.v_scales;
@@ -105,6 +132,11 @@ inline std::vector<double> naive_quantize_half(const flashkv::KVCacheConfig& cfg
           for (int64_t c = 0; c < d; c += g) naive_affine(row + c, g, 1, f.code_bits());
         }
       }
+    }
+  }
+  if (rotate) {
+    for (int64_t t = S; t < S + nq; ++t) {
+      for (int64_t h = 0; h < H; ++h) naive_hadamard(at(t, h), d, signs, true);
     }
   }
   return y;

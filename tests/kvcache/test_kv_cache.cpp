@@ -8,6 +8,7 @@
 
 #include "core/float16.hpp"
 #include "kv_test_util.hpp"
+#include "kvcache/cache/cache_impl.hpp"  // hadamard_signs: the rotation's ±1 diagonal for a seed
 #include "naive_quant.hpp"
 
 using namespace flashkv;
@@ -124,8 +125,8 @@ struct AttnCase {
   std::vector<float> k_scales{}, v_scales{};  // static fp8 scales
 };
 
-/// Quantization error of one case: the cache's, and the naive same-precision quantization's (naive_quant.hpp; with
-/// rotation: of the same format unrotated), both as max over sequences of max |out − out_unquantized| / max |out_unquantized| (float64 attention).
+/// Quantization error of one case: the cache's, and the naive same-precision quantization's (naive_quant.hpp, with
+/// the cache's rotation signs), both as max over sequences of max |out − out_unquantized| / max |out_unquantized| (float64 attention).
 struct QuantError {
   double cache = 0, naive = 0;
 };
@@ -185,8 +186,7 @@ QuantError run_attention_case(const AttnCase& ac, uint64_t salt) {
     }
   }
   QuantError worst;
-  KVCacheConfig unrotated = cfg;
-  unrotated.rotation = KVRotation::none;
+  const std::vector<float> signs = cs.rotate ? hadamard_signs(cs.d, cfg.rotation_seed) : std::vector<float>{};
   const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
   for (int64_t b = 0; b < B; ++b) {
     const kvtest::KV dq = kvtest::dequant(c, 10 + b, 1);
@@ -197,8 +197,8 @@ QuantError run_attention_case(const AttnCase& ac, uint64_t salt) {
     kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, K[b], V[b], ac.lens[b], cs.H, cs.d, scale, ac.causal, ac.window,
                                 ac.softcap, exact, exact_lse);
     std::vector<double> naive, naive_lse;
-    kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, kvtest::naive_quantize_half(unrotated, true, K[b], ac.lens[b]),
-                                kvtest::naive_quantize_half(unrotated, false, V[b], ac.lens[b]), ac.lens[b], cs.H,
+    kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, kvtest::naive_quantize_half(cfg, true, K[b], ac.lens[b], signs),
+                                kvtest::naive_quantize_half(cfg, false, V[b], ac.lens[b], signs), ac.lens[b], cs.H,
                                 cs.d, scale, ac.causal, ac.window, ac.softcap, naive, naive_lse);
     double vmax = 1e-30;
     for (float x : dq.v) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
@@ -365,13 +365,13 @@ TEST(KVCacheAttention, DecodeKernelsEveryFormatHeadDimAndGqaGroup) {
 
 TEST(KVCacheAttention, RotationPreservesScoresAndRotatesOutputBack) {
   // With fp32 storage rotation is skipped; with int8 + rotation, attention equals the reference on the dequantized
-  // (unrotated) values, and its quantization error stays within 2x the naive unrotated int8 quantization's.
+  // (unrotated) values, and its quantization error stays within 2x the naive rotated int8 quantization's.
   AttnCase ac;
   ac.c = Case{"int8", 2, 4, 64, 16, 0, 0, true};
   ac.lens = {50};
   ac.nqs = {2};
   const QuantError qe = run_attention_case(ac, 4242);
-  std::printf("int8 + hadamard: quant error %.3e, naive unrotated int8 %.3e\n", qe.cache, qe.naive);
+  std::printf("int8 + hadamard: quant error %.3e, naive int8 + hadamard %.3e\n", qe.cache, qe.naive);
   EXPECT_LE(qe.cache, 2 * qe.naive);
   EXPECT_GT(qe.naive, 0);
 }
