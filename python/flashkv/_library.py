@@ -98,6 +98,8 @@ class DecodeOptions(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
         ("max_seqlen_k", ctypes.c_int64),
         ("stream", ctypes.c_void_p),
+        ("window_size_left", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
     ]
 
 

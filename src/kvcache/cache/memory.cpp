@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "kvcache/cache_impl.hpp"
+#include "kvcache/cache/cache_impl.hpp"
 
 namespace flashkv {
 

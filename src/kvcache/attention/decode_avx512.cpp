@@ -4,7 +4,7 @@
 // Per 16 channels of one key the conversion costs (uops): bf16 2 (zero-extend, shift), u8 2 (zero-extend, cvt),
 // u4 2–3 / u2 2–3 (zero-extend, shift for the upper planes, 16-entry float LUT through vpermps, which also masks the
 // code bits), fp8 4–5 (through vcvtph2ps). Each converted vector feeds one FMA per query row of the GQA group.
-#include "kvcache/decode_fused.hpp"
+#include "kvcache/attention/decode_fused.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -41,24 +41,24 @@ bool fused_supported(int32_t d) {
 namespace {
 
 #define FKV_CVTPH(h) _mm512_cvtph_ps(h)
-#include "kvcache/decode_avx512_kernels.hpp"
+#include "kvcache/attention/decode_avx512_kernels.hpp"
 
 }  // namespace
 
-void fused_scores(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
-                  int lds) {
+void fused_scores(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                  int lds, const float* alpha, const float* beta, int group) {
   if (n <= 0 || rows <= 0) return;
-  if ((code == RawCode::e4m3 || code == RawCode::e5m2) && fp16_convert_supported()) {
-    fused_scores_fp16cvt(code, q, rows, d, codes, rb, n, S, lds);
+  if (is_fp8_code(code) && fp16_convert_supported()) {
+    fused_scores_fp16cvt(code, q, rows, d, codes, rb, n, S, lds, alpha, beta, group);
     return;
   }
-  scores_any(code, q, rows, d, codes, rb, n, S, lds);
+  scores_any(code, q, rows, d, codes, rb, n, S, lds, alpha, beta, group);
 }
 
-void fused_pv(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+void fused_pv(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
               const uint8_t* codes, int64_t rb, int n, float* O) {
   if (n <= 0 || rows <= 0) return;
-  if ((code == RawCode::e4m3 || code == RawCode::e5m2) && fp16_convert_supported()) {
+  if (is_fp8_code(code) && fp16_convert_supported()) {
     fused_pv_fp16cvt(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
     return;
   }
@@ -91,8 +91,23 @@ void softmax_rows(float* sc, int64_t ld, int rows, int n, float* m, float* l, fl
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   for (int r = 0; r < rows; ++r) {
     float* s = sc + r * ld;
+    if (m[r] != m[r]) {  // poisoned row (NaN state, decode_tile.cpp): p = 0, state unchanged
+      for (int j = 0; j < n; ++j) s[j] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
     __m512 mx = ninf;
-    for (int j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j));
+    __mmask16 bad = 0;  // NaN or +inf: the row becomes NaN (decode_tile.cpp, the non-finite contract)
+    for (int j = 0; j < n; j += 16) {
+      const __m512 x = _mm512_mask_loadu_ps(ninf, tail_mask(n - j), s + j);
+      bad |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+      mx = _mm512_max_ps(mx, x);
+    }
+    if (bad != 0) {  // poison: m, l NaN, p = 0; alpha NaN makes the caller's accumulator row NaN
+      for (int j = 0; j < n; ++j) s[j] = 0.0f;
+      m[r] = l[r] = alpha[r] = __builtin_nanf("");
+      continue;
+    }
     const float tmax = _mm512_reduce_max_ps(mx);
     const float m_new = tmax > m[r] ? tmax : m[r];
     if (m_new == -__builtin_inff()) {  // nothing visible so far: p = 0, state unchanged
@@ -189,8 +204,9 @@ void token_meta(const uint8_t* meta, int n, int ng, float* alpha, float* beta) {
 #else  // no AVX-512 build: the generic tile path runs
 
 bool fused_supported(int32_t) { return false; }
-void fused_scores(RawCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int) {}
-void fused_pv(RawCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
+void fused_scores(KVCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int, const float*, const float*,
+                  int) {}
+void fused_pv(KVCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
 void fp16_to_float_n(const uint8_t* src, int n, float* dst) {
   for (int i = 0; i < n; ++i) {
     uint16_t h;

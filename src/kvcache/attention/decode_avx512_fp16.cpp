@@ -1,11 +1,11 @@
 // fp8 tiles of the fused decode kernels with vcvtph2psx (AVX512-FP16: one uop per 16 values, vcvtph2ps takes two), on
 // CPUs that have it (run-time check; Sapphire Rapids and later). The kernels are decode_avx512_kernels.hpp compiled a
-// second time for this target; decode_avx512.cpp's fused_scores / fused_pv call in here for RawCode::e4m3 / e5m2.
+// second time for this target; decode_avx512.cpp's fused_scores / fused_pv call in here for KVCode::e4m3 / e5m2.
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
 
-#include "kvcache/decode_fused.hpp"
+#include "kvcache/attention/decode_fused.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -26,15 +26,15 @@ bool fp16_convert_supported() {
 
 namespace {
 #define FKV_CVTPH(h) _mm512_cvtxph_ps(_mm256_castsi256_ph(h))
-#include "kvcache/decode_avx512_kernels.hpp"
+#include "kvcache/attention/decode_avx512_kernels.hpp"
 }  // namespace
 
-void fused_scores_fp16cvt(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
-                          float* S, int lds) {
-  scores_any(code, q, rows, d, codes, rb, n, S, lds);
+void fused_scores_fp16cvt(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n,
+                          float* S, int lds, const float* alpha, const float* beta, int group) {
+  scores_any(code, q, rows, d, codes, rb, n, S, lds, alpha, beta, group);
 }
 
-void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+void fused_pv_fp16cvt(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
                       const uint8_t* codes, int64_t rb, int n, float* O) {
   pv_any(code, w, ldw, ng, group, rows, d, codes, rb, n, O);
 }
@@ -48,8 +48,9 @@ void fused_pv_fp16cvt(RawCode code, const float* w, int64_t ldw, int64_t ng, int
 
 namespace flashkv::kv {
 bool fp16_convert_supported() { return false; }
-void fused_scores_fp16cvt(RawCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int) {}
-void fused_pv_fp16cvt(RawCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
+void fused_scores_fp16cvt(KVCode, const float*, int, int, const uint8_t*, int64_t, int, float*, int, const float*,
+                          const float*, int) {}
+void fused_pv_fp16cvt(KVCode, const float*, int64_t, int64_t, int, int, int, const uint8_t*, int64_t, int, float*) {}
 }  // namespace flashkv::kv
 
 #endif

@@ -13,25 +13,30 @@ FKV_AI void static_for(std::integer_sequence<int, I...>, F&& f) {
   (f(std::integral_constant<int, I>{}), ...);
 }
 
-/// Channels [16c, 16c + 16) of one packed row as float ("raw", see RawCode). c is a compile-time constant.
-template <RawCode C, int D, int Cc>
+/// Channels [16c, 16c + 16) of one packed row as float ("raw", see decode_fused.hpp). c is a compile-time constant.
+template <KVCode C, int D, int Cc>
 FKV_AI __m512 load_chunk(const uint8_t* row) {
-  if constexpr (C == RawCode::bf16) {
+  if constexpr (C == KVCode::f32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * Cc);
+  } else if constexpr (C == KVCode::f16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * Cc)));
+  } else if constexpr (C == KVCode::bf16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * Cc));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (C == RawCode::e4m3) {
+  } else if constexpr (C == KVCode::e4m3) {
     // S.EEEE.MMM sign-extended to 16 bits, << 7 and bit 14 cleared: S.0EEEE.MMM0000000 = value · 2^-8 as fp16.
     __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc)));
     w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF)));
     return FKV_CVTPH(w);
-  } else if constexpr (C == RawCode::e5m2) {
+  } else if constexpr (C == KVCode::e5m2) {
     const __m256i w = _mm256_slli_epi16(
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc))), 8);
     return FKV_CVTPH(w);
-  } else if constexpr (C == RawCode::u8) {
+  } else if constexpr (C == KVCode::u8) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * Cc))));
   } else {
-    constexpr int kBits = C == RawCode::u4 ? 4 : 2;
+    static_assert(C == KVCode::u4 || C == KVCode::u2, "every KVCode has a conversion");
+    constexpr int kBits = C == KVCode::u4 ? 4 : 2;
     constexpr int kPlaneLen = D * kBits / 8;
     constexpr int kPlane = 16 * Cc / kPlaneLen, kOff = 16 * Cc - kPlane * kPlaneLen;
     __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kOff)));
@@ -45,12 +50,12 @@ FKV_AI __m512 load_chunk(const uint8_t* row) {
 
 /// Channels [16c, 16c + 32) as two float vectors (c even). fp8 converts 32 codes per widening (one vpmovsxbw /
 /// vpmovzxbw and one shift for both halves); the other encodings are two load_chunk calls.
-template <RawCode C, int D, int Cc>
+template <KVCode C, int D, int Cc>
 FKV_AI void load_pair(const uint8_t* row, __m512& a, __m512& b) {
-  if constexpr (C == RawCode::e4m3 || C == RawCode::e5m2) {
+  if constexpr (C == KVCode::e4m3 || C == KVCode::e5m2) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * Cc));
     __m512i w;
-    if constexpr (C == RawCode::e4m3) {
+    if constexpr (C == KVCode::e4m3) {
       w = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7),
                            _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
     } else {
@@ -80,9 +85,12 @@ FKV_AI __m512 reduce16(const __m512* a) {
   return red3(red3(y0, y1), red3(y2, y3));
 }
 
-template <RawCode C, int D>
+/// KG > 0: keys with per-(token, group of KG channels) factors, dequantized in registers (x = alpha·raw + beta, one
+/// FMA per converted vector, shared by the four query rows).
+template <KVCode C, int D, int KG>
 __attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S,
-                                       int lds) {
+                                       int lds, const float* alpha, const float* beta) {
+  constexpr int kNg = KG > 0 ? D / KG : 1;
   for (int r0 = 0; r0 < rows; r0 += 4) {
     const int nr = std::min(4, rows - r0);
     const float* qr[4];
@@ -90,13 +98,25 @@ __attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* 
     for (int j0 = 0; j0 < n; j0 += 4) {
       const int nk = std::min(4, n - j0);
       const uint8_t* kr[4];
-      for (int k = 0; k < 4; ++k) kr[k] = codes + static_cast<int64_t>(j0 + std::min(k, nk - 1)) * rb;
+      int kj[4];
+      for (int k = 0; k < 4; ++k) {
+        kj[k] = j0 + std::min(k, nk - 1);
+        kr[k] = codes + static_cast<int64_t>(kj[k]) * rb;
+      }
       __m512 acc[16];
       for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
       static_for(std::make_integer_sequence<int, D / 32>{}, [&](auto cp) {
         constexpr int c = 2 * decltype(cp)::value;
         __m512 ka[4], kb[4];
-        for (int k = 0; k < 4; ++k) load_pair<C, D, c>(kr[k], ka[k], kb[k]);
+        for (int k = 0; k < 4; ++k) {
+          load_pair<C, D, c>(kr[k], ka[k], kb[k]);
+          if constexpr (KG > 0) {  // 32 channels [16c, 16c + 32) lie in one group (KG >= 32)
+            constexpr int g = 16 * c / (KG > 0 ? KG : 1);
+            const __m512 a = _mm512_set1_ps(alpha[kj[k] * kNg + g]), b = _mm512_set1_ps(beta[kj[k] * kNg + g]);
+            ka[k] = _mm512_fmadd_ps(ka[k], a, b);
+            kb[k] = _mm512_fmadd_ps(kb[k], a, b);
+          }
+        }
         for (int i = 0; i < 4; ++i) {
           const __m512 qa = _mm512_loadu_ps(qr[i] + 16 * c), qb = _mm512_loadu_ps(qr[i] + 16 * c + 16);
           for (int k = 0; k < 4; ++k) {
@@ -119,7 +139,7 @@ __attribute__((flatten)) void scores_t(const float* q, int rows, const uint8_t* 
 /// One 64-channel quarter-block (chunks 4H..4H+3) of up to four output rows over all n keys; accumulators stay in
 /// registers for the whole tile. KG: channels per weight group if < 64 (16 or 32), else 0 (one weight per row, key
 /// and 64-channel block).
-template <RawCode C, int D, int KG, int H>
+template <KVCode C, int D, int KG, int H>
 FKV_AI void pv_block(const float* const* wr, int64_t ng, int group, int nr, const uint8_t* codes, int64_t rb,
                      int n, float* const* orow) {
   __m512 acc[4][4];
@@ -161,7 +181,7 @@ FKV_AI void pv_block(const float* const* wr, int64_t ng, int group, int nr, cons
   }
 }
 
-template <RawCode C, int D, int KG>
+template <KVCode C, int D, int KG>
 __attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t ng, int group, int rows,
                                    const uint8_t* codes, int64_t rb, int n, float* O) {
   for (int r0 = 0; r0 < rows; r0 += 4) {
@@ -178,20 +198,37 @@ __attribute__((flatten)) void pv_t(const float* w, int64_t ldw, int64_t ng, int 
   }
 }
 
-template <int D>
-void scores_d(RawCode code, const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S, int lds) {
-  switch (code) {
-    case RawCode::bf16: scores_t<RawCode::bf16, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::e4m3: scores_t<RawCode::e4m3, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::e5m2: scores_t<RawCode::e5m2, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::u8: scores_t<RawCode::u8, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::u4: scores_t<RawCode::u4, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::u2: scores_t<RawCode::u2, D>(q, rows, codes, rb, n, S, lds); break;
-    case RawCode::none: break;
+template <KVCode C, int D>
+void scores_code(const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S, int lds,
+                 const float* alpha, const float* beta, int group) {
+  if (alpha == nullptr) {
+    scores_t<C, D, 0>(q, rows, codes, rb, n, S, lds, nullptr, nullptr);
+  } else if (group == 32) {
+    scores_t<C, D, 32>(q, rows, codes, rb, n, S, lds, alpha, beta);
+  } else if (group == 64 || D < 128) {
+    scores_t<C, D, (D >= 64 ? 64 : 32)>(q, rows, codes, rb, n, S, lds, alpha, beta);
+  } else {
+    scores_t<C, D, (D >= 128 ? 128 : 32)>(q, rows, codes, rb, n, S, lds, alpha, beta);
   }
 }
 
-template <RawCode C, int D>
+template <int D>
+void scores_d(KVCode code, const float* q, int rows, const uint8_t* codes, int64_t rb, int n, float* S, int lds,
+              const float* alpha, const float* beta, int group) {
+  switch (code) {
+    case KVCode::f32: scores_code<KVCode::f32, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::bf16: scores_code<KVCode::bf16, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::f16: scores_code<KVCode::f16, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::e4m3: scores_code<KVCode::e4m3, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::e5m2: scores_code<KVCode::e5m2, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::u8: scores_code<KVCode::u8, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::u4: scores_code<KVCode::u4, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    case KVCode::u2: scores_code<KVCode::u2, D>(q, rows, codes, rb, n, S, lds, alpha, beta, group); break;
+    default: break;  // not fused (decode_fused.hpp fused_code): never planned here
+  }
+}
+
+template <KVCode C, int D>
 void pv_code(const float* w, int64_t ldw, int64_t ng, int group, int rows, const uint8_t* codes, int64_t rb,
              int n, float* O) {
   if (group == 32) {
@@ -204,31 +241,33 @@ void pv_code(const float* w, int64_t ldw, int64_t ng, int group, int rows, const
 }
 
 template <int D>
-void pv_d(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, const uint8_t* codes,
+void pv_d(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, const uint8_t* codes,
           int64_t rb, int n, float* O) {
   switch (code) {
-    case RawCode::bf16: pv_code<RawCode::bf16, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::e4m3: pv_code<RawCode::e4m3, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::e5m2: pv_code<RawCode::e5m2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::u8: pv_code<RawCode::u8, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::u4: pv_code<RawCode::u4, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::u2: pv_code<RawCode::u2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
-    case RawCode::none: break;
+    case KVCode::f32: pv_code<KVCode::f32, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::f16: pv_code<KVCode::f16, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::bf16: pv_code<KVCode::bf16, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::e4m3: pv_code<KVCode::e4m3, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::e5m2: pv_code<KVCode::e5m2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::u8: pv_code<KVCode::u8, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::u4: pv_code<KVCode::u4, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    case KVCode::u2: pv_code<KVCode::u2, D>(w, ldw, ng, group, rows, codes, rb, n, O); break;
+    default: break;  // not fused (decode_fused.hpp fused_code): never planned here
   }
 }
 
 /// The compiled head dims (fused_supported: 64, 128, 256) dispatched at run time.
-FKV_AI void scores_any(RawCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
-                       int lds) {
+FKV_AI void scores_any(KVCode code, const float* q, int rows, int d, const uint8_t* codes, int64_t rb, int n, float* S,
+                       int lds, const float* alpha, const float* beta, int group) {
   if (d == 128) {
-    scores_d<128>(code, q, rows, codes, rb, n, S, lds);
+    scores_d<128>(code, q, rows, codes, rb, n, S, lds, alpha, beta, group);
   } else if (d == 64) {
-    scores_d<64>(code, q, rows, codes, rb, n, S, lds);
+    scores_d<64>(code, q, rows, codes, rb, n, S, lds, alpha, beta, group);
   } else {
-    scores_d<256>(code, q, rows, codes, rb, n, S, lds);
+    scores_d<256>(code, q, rows, codes, rb, n, S, lds, alpha, beta, group);
   }
 }
-FKV_AI void pv_any(RawCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
+FKV_AI void pv_any(KVCode code, const float* w, int64_t ldw, int64_t ng, int group, int rows, int d,
                    const uint8_t* codes, int64_t rb, int n, float* O) {
   if (d == 128) {
     pv_d<128>(code, w, ldw, ng, group, rows, codes, rb, n, O);

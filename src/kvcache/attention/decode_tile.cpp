@@ -7,11 +7,12 @@
 //   KIVI K:       q·k̂_j = (q ⊙ scale_u)·code_j + q·min_u           (per channel, once per group u of G tokens)
 //   V per token:  Σ_j p_j·v̂_j = Σ_j (p_j·scale_j)·code_j + (Σ_j p_j·min_j)   per channel group of the format
 // so the inner loops are "convert codes + FMA" for every format, as for bf16, but over 1/2–1/8 of the bytes.
-#include "kvcache/decode_tile.hpp"
+#include "kvcache/attention/decode_tile.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu/online_softmax.hpp"
 #include "cpu/tile_math.hpp"
@@ -110,8 +111,8 @@ FLASHKV_ALWAYS_INLINE void fold_channel_scale(const float* qg, int64_t g, int64_
 FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, int64_t j0, int cnt, const float* qg,
                                        const float* qs, TileScratch& scr) {
   float* sc = scr.sc.data();
-  if (K.code != RawCode::none) {
-    if (K.factors == TileFactors::kivi_key) {  // per group u of G tokens: q' = q ⊙ scale_u, bias q·min_u
+  if (K.packed) {
+    if (K.scaling == KVScaling::channel_affine) {  // per group u of G tokens: q' = q ⊙ scale_u, bias q·min_u
       const int64_t G = K.kivi_g;
       for (int64_t a0 = j0; a0 < j0 + cnt;) {
         const int64_t slot = K.slot0 + a0, u = slot / G;
@@ -132,20 +133,25 @@ FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, 
       }
       return;
     }
+    if (K.scaling == KVScaling::token_affine && K.ng > 1) {  // several channel groups: dequantized in registers
+      fused_scores(K.code, qg, static_cast<int>(g), static_cast<int>(d), K.codes + j0 * K.rb, K.rb, cnt, sc,
+                   static_cast<int>(kTile), scr.ka.data() + j0 * K.ng, scr.kb.data() + j0 * K.ng, K.group);
+      return;
+    }
     fused_scores(K.code, qg, static_cast<int>(g), static_cast<int>(d), K.codes + j0 * K.rb, K.rb, cnt, sc,
                  static_cast<int>(kTile));
-    if (K.factors == TileFactors::uniform) {
+    if (K.scaling == KVScaling::head_static) {
       for (int64_t hh = 0; hh < g; ++hh) {
         float* srow = sc + hh * kTile;
         for (int j = 0; j < cnt; ++j) srow[j] *= K.mul;
       }
-    } else if (K.factors == TileFactors::token_f32) {  // fp8 per-token scale: no zero point
+    } else if (K.scaling == KVScaling::token_f32) {  // fp8 per-token scale: no zero point
       const float* al = scr.ka.data() + j0;
       for (int64_t hh = 0; hh < g; ++hh) {
         float* srow = sc + hh * kTile;
         for (int j = 0; j < cnt; ++j) srow[j] *= al[j];
       }
-    } else if (K.factors == TileFactors::token_int) {
+    } else if (K.scaling == KVScaling::token_affine) {
       const float* al = scr.ka.data() + j0;
       const float* be = scr.kb.data() + j0;
       for (int64_t hh = 0; hh < g; ++hh) {
@@ -185,22 +191,22 @@ FLASHKV_ALWAYS_INLINE void tile_scores(const HalfTile& K, int64_t g, int64_t d, 
 FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int64_t nt, int64_t j0, int cnt,
                                    float* acc, TileScratch& scr) {
   const float* sc = scr.sc.data();
-  if (V.code != RawCode::none) {
+  if (V.packed) {
     const uint8_t* codes = V.codes + j0 * V.rb;
-    if (V.factors == TileFactors::none) {
+    if (V.scaling == KVScaling::none) {
       fused_pv(V.code, sc, kTile, 1, static_cast<int>(d), static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt,
                acc);
       return;
     }
-    const int64_t ng = V.factors == TileFactors::token_int ? V.ng : 1;
-    const bool zero_point = V.factors == TileFactors::token_int;
+    const int64_t ng = V.scaling == KVScaling::token_affine ? V.ng : 1;
+    const bool zero_point = V.scaling == KVScaling::token_affine;
     float* w = scr.w.data();
     pv_weights(sc, kTile, static_cast<int>(g), cnt, scr.va.data() + j0 * ng,
                zero_point ? scr.vb.data() + j0 * ng : nullptr, static_cast<int>(ng), w,
                zero_point ? scr.z.data() : nullptr);
-    fused_pv(V.code, w, ng * kTile, ng, V.factors == TileFactors::token_int ? V.group : static_cast<int>(d),
-             static_cast<int>(g), static_cast<int>(d), codes, V.rb, cnt, acc);
-    if (V.factors == TileFactors::token_int) {
+    fused_pv(V.code, w, ng * kTile, ng, zero_point ? V.group : static_cast<int>(d), static_cast<int>(g),
+             static_cast<int>(d), codes, V.rb, cnt, acc);
+    if (zero_point) {
       const int64_t gs = d / ng;
       for (int64_t hh = 0; hh < g; ++hh) {
         for (int64_t gi = 0; gi < ng; ++gi) {
@@ -238,19 +244,34 @@ FLASHKV_ALWAYS_INLINE void tile_pv(const HalfTile& V, int64_t g, int64_t d, int6
   }
 }
 
+/// True when a score is NaN or +inf (either makes the row's softmax NaN: exp(s − max) = exp(inf − inf)).
+FLASHKV_ALWAYS_INLINE bool has_nan_or_pos_inf(const float* s, int n) {
+  int bad = 0;  // an integer OR: vectorizes
+#pragma omp simd reduction(| : bad)
+  for (int j = 0; j < n; ++j) bad |= s[j] < std::numeric_limits<float>::infinity() ? 0 : 1;
+  return bad != 0;
+}
+
+/// The row's state becomes NaN (m, l and every accumulator channel) and stays NaN: out and lse are NaN
+/// (include/flashkv/decode.hpp, NON-FINITE VALUES). Later tiles skip the row (p = 0, alpha = 1).
+FLASHKV_ALWAYS_INLINE void poison_row(float& m, float& l, float* acc, int64_t d) {
+  m = l = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t c = 0; c < d; ++c) acc[c] = std::numeric_limits<float>::quiet_NaN();
+}
+
 /// Per-token factors of a packed tile (nt tokens) into alpha / beta, token-major [nt][ng]. Inlined into the
 /// per-ISA clones of tile_update so the loops vectorize.
 FLASHKV_ALWAYS_INLINE void load_factors(const HalfTile& H, int64_t nt, float* alpha, float* beta) {
-  if (H.code == RawCode::none) return;
-  if (H.factors == TileFactors::uniform) {
+  if (!H.packed) return;
+  if (H.scaling == KVScaling::head_static) {
     for (int64_t t = 0; t < nt; ++t) alpha[t] = H.mul;
-  } else if (H.factors == TileFactors::token_f32) {
+  } else if (H.scaling == KVScaling::token_f32) {
     for (int64_t t = 0; t < nt; ++t) {
       float sc;
       std::memcpy(&sc, H.meta + 4 * t, 4);
       alpha[t] = sc * H.mul;
     }
-  } else if (H.factors == TileFactors::token_int) {
+  } else if (H.scaling == KVScaling::token_affine) {
     token_meta(H.meta, static_cast<int>(nt), H.ng, alpha, beta);  // token-major [t][group]
   }
 }
@@ -263,8 +284,8 @@ TileScratch::TileScratch(int64_t g, int64_t d)
       z(static_cast<size_t>(g * (d / 16 + 1))),
       qe(static_cast<size_t>(g * d)),
       bias(static_cast<size_t>(g)),
-      ka(static_cast<size_t>(kTile)),
-      kb(static_cast<size_t>(kTile)),
+      ka(static_cast<size_t>((d / 16 + 1) * kTile)),
+      kb(ka.size()),
       va(static_cast<size_t>((d / 16 + 1) * kTile)),
       vb(va.size()),
       cs(static_cast<size_t>(d)),
@@ -283,7 +304,13 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     const int cnt = static_cast<int>(j1 - j0);
     const int64_t r0 = qi * g;
     tile_scores(K, g, d, j0 - t0, cnt, qrow + r0 * d, qsum + r0, scr);
-    if (K.code != RawCode::none && softcap == 0.0f) {  // fused tile: vectorized softmax step (AVX-512)
+    if (softcap > 0.0f) {
+      for (int64_t hh = 0; hh < g; ++hh) {
+        float* srow = scr.sc.data() + hh * kTile;
+        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
+      }
+    }
+    if (K.packed) {  // fused tile: vectorized softmax step (AVX-512; it poisons rows with a NaN / +inf score itself)
       float* al = scr.bias.data();
       softmax_rows(scr.sc.data(), kTile, static_cast<int>(g), cnt, mm + r0, ll + r0, al);
       for (int64_t hh = 0; hh < g; ++hh) {
@@ -298,8 +325,10 @@ void tile_update(const core::MaskRule& rule, int64_t qa, int64_t qb, int64_t g, 
     for (int64_t hh = 0; hh < g; ++hh) {
       const int64_t r = r0 + hh;
       float* srow = scr.sc.data() + hh * kTile;
-      if (softcap > 0.0f) {
-        for (int j = 0; j < cnt; ++j) srow[j] = softcap * std::tanh(srow[j] / softcap);
+      if (std::isnan(mm[r]) || has_nan_or_pos_inf(srow, cnt)) {  // poisoned (now or before): p = 0, NaN state
+        if (!std::isnan(mm[r])) poison_row(mm[r], ll[r], acc + r * d, d);
+        for (int j = 0; j < cnt; ++j) srow[j] = 0.0f;
+        continue;
       }
       cpu::OnlineSoftmaxRow st{mm[r], ll[r]};
       const float alpha = cpu::online_softmax_scores_to_p(st, srow, cnt);

@@ -1,12 +1,25 @@
-// kv_cache_dtype grammar, KVFormatSpec names, per-format byte counts and KVCacheConfig validation
-// (see include/flashkv/kvcache.hpp for the grammar and the memory formula).
+// kv_cache_dtype grammar, KVFormatSpec names, per-format byte counts (from the format trait, format/traits.hpp) and
+// KVCacheConfig validation (see include/flashkv/kvcache.hpp for the grammar and the memory formula).
 #include <limits>
 #include <string>
 #include <utility>
 
 #include "flashkv/kvcache.hpp"
+#include "kvcache/format/traits.hpp"
 
 namespace flashkv {
+
+// The trait's format ids are the public enumerators (C ABI values).
+static_assert(static_cast<int32_t>(KVFormat::fp32) == static_cast<int32_t>(kv::KVFormatId::fp32) &&
+              static_cast<int32_t>(KVFormat::bf16) == static_cast<int32_t>(kv::KVFormatId::bf16) &&
+              static_cast<int32_t>(KVFormat::fp16) == static_cast<int32_t>(kv::KVFormatId::fp16) &&
+              static_cast<int32_t>(KVFormat::fp8_e4m3) == static_cast<int32_t>(kv::KVFormatId::fp8_e4m3) &&
+              static_cast<int32_t>(KVFormat::fp8_e5m2) == static_cast<int32_t>(kv::KVFormatId::fp8_e5m2) &&
+              static_cast<int32_t>(KVFormat::int8) == static_cast<int32_t>(kv::KVFormatId::int8) &&
+              static_cast<int32_t>(KVFormat::int4) == static_cast<int32_t>(kv::KVFormatId::int4) &&
+              static_cast<int32_t>(KVFormat::int4_kivi) == static_cast<int32_t>(kv::KVFormatId::int4_kivi) &&
+              static_cast<int32_t>(KVFormat::int2_kivi) == static_cast<int32_t>(kv::KVFormatId::int2_kivi),
+              "KVFormat and kv::KVFormatId must agree");
 
 namespace {
 
@@ -139,55 +152,27 @@ KVCacheConfig& KVCacheConfig::with_kv_cache_dtype(const std::string& kv_cache_dt
 
 KVFormatBytes kv_format_bytes(const KVFormatSpec& spec, bool is_key, int32_t head_dim, int32_t page_size) {
   const std::string half = is_key ? "k_format" : "v_format";
-  KVFormatBytes b;
   const int64_t d = head_dim;
   const int32_t bits = spec.code_bits();
   if (bits == 4 && d % 2 != 0) throw Error("head_dim", "a multiple of 2 for 4-bit formats", std::to_string(d));
   if (bits == 2 && d % 4 != 0) throw Error("head_dim", "a multiple of 4 for 2-bit formats", std::to_string(d));
-  b.code_bytes_per_token_head = d * bits / 8;
-  switch (spec.format) {
-    case KVFormat::fp32:
-    case KVFormat::bf16:
-    case KVFormat::fp16:
-      break;
-    case KVFormat::fp8_e4m3:
-    case KVFormat::fp8_e5m2:
-      if (spec.dynamic_scale) {
-        b.meta_bytes_per_group = 4;  // float32 scale per (token, kv-head)
-      }
-      break;
-    case KVFormat::int8:
-    case KVFormat::int4: {
-      const int32_t g = spec.group_size > 0 ? spec.group_size : head_dim;
-      if (d % g != 0) {
-        throw Error("head_dim", "divisible by the " + half + " group size " + std::to_string(g) + " (" + spec.name() + ")",
-                    std::to_string(d));
-      }
-      b.meta_bytes_per_group = (d / g) * 4;  // fp16 scale + fp16 min per channel group
-      break;
-    }
-    case KVFormat::int4_kivi:
-    case KVFormat::int2_kivi: {
-      const int32_t g = kivi_group(spec);
-      if (is_key) {
-        if (page_size % g != 0) {
-          throw Error("page_size", "a multiple of the k_format group size " + std::to_string(g) + " (" + spec.name() +
-                                       "; a key group must not straddle a page)",
-                      std::to_string(page_size));
-        }
-        b.tokens_per_group = g;
-        b.meta_bytes_per_group = d * 4;  // fp16 scale + fp16 min per channel per G tokens
-      } else {
-        if (d % g != 0) {
-          throw Error("head_dim", "divisible by the v_format group size " + std::to_string(g) + " (" + spec.name() + ")",
-                      std::to_string(d));
-        }
-        b.meta_bytes_per_group = (d / g) * 4;
-      }
-      break;
-    }
+  const kv::KVHalfFormat f =
+      kv::describe(static_cast<kv::KVFormatId>(spec.format), spec.dynamic_scale, spec.group_size, is_key, head_dim);
+  if (f.code_bytes == 0 && d > 0) throw Error(half, "a KVFormat value 0..8", std::to_string(static_cast<int>(spec.format)));
+  if (f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || d % f.group != 0)) {
+    throw Error("head_dim", "divisible by the " + half + " group size " + std::to_string(f.group) + " (" + spec.name() + ")",
+                std::to_string(d));
   }
-  b.meta_bytes_per_page_head = (page_size / b.tokens_per_group) * b.meta_bytes_per_group;
+  if (f.scaling == kv::KVScaling::channel_affine && page_size % f.tokens_per_unit != 0) {
+    throw Error("page_size", "a multiple of the k_format group size " + std::to_string(f.tokens_per_unit) + " (" +
+                                 spec.name() + "; a key group must not straddle a page)",
+                std::to_string(page_size));
+  }
+  KVFormatBytes b;
+  b.code_bytes_per_token_head = f.code_bytes;
+  b.meta_bytes_per_group = f.meta_bytes_per_unit;
+  b.tokens_per_group = f.tokens_per_unit;
+  b.meta_bytes_per_page_head = f.meta_bytes_per_page_head(page_size);
   return b;
 }
 
@@ -239,12 +224,16 @@ void KVCacheConfig::validate() const {
   };
   check_scales(k_scales, "k_scales");
   check_scales(v_scales, "v_scales");
-  if ((capacity_pages > 0) == (capacity_bytes > 0)) {
-    throw Error("capacity_pages/capacity_bytes", "exactly one of them > 0",
+  if (capacity_pages < 0) throw Error("capacity_pages", ">= 0 (0 = set by capacity_bytes or growing)", std::to_string(capacity_pages));
+  if (capacity_bytes < 0) throw Error("capacity_bytes", ">= 0 (0 = set by capacity_pages or growing)", std::to_string(capacity_bytes));
+  if (capacity_pages > 0 && capacity_bytes > 0) {
+    throw Error("capacity_pages/capacity_bytes", "at most one of them > 0 (both 0: a pool that grows on demand)",
                 std::to_string(capacity_pages) + " and " + std::to_string(capacity_bytes));
   }
-  if (capacity_pages < 0) throw Error("capacity_pages", ">= 0", std::to_string(capacity_pages));
-  if (capacity_bytes < 0) throw Error("capacity_bytes", ">= 0", std::to_string(capacity_bytes));
+  if (device != Device::cpu && device != Device::cuda) {
+    throw Error("device", "cpu or cuda", "enum value " + std::to_string(static_cast<int>(device)));
+  }
+  if (device_index < 0) throw Error("device_index", ">= 0", std::to_string(device_index));
 }
 
 }  // namespace flashkv
