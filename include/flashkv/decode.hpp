@@ -8,7 +8,8 @@
 //   M = max_s lse_s,  w_s = exp(lse_s − M),  out = Σ_s w_s·o_s / Σ_s w_s,  lse = M + log Σ_s w_s
 // (a NaN lse_s makes the row NaN; only lse_s = −inf means "no key in this chunk"). The query heads that share a kv
 // head are processed together (GQA packing), so each K/V byte is read once per kv head. The result is exact attention
-// (up to float32 rounding) over the visible keys, whatever num_splits is.
+// over the visible keys whatever num_splits is, up to rounding (float32 on the CPU; on CUDA each split also rounds its
+// softmax weights P to 16 bits for the P·V MMA, so split counts differ at the 16-bit computation's own error level).
 //
 // TWO ENTRY POINTS, one validation (core::make_decode_problem) and one dispatch (CPU kernels, or the device backend's
 // decode hook, src/core/backend.hpp), like flashkv::attention_forward:
@@ -55,6 +56,11 @@ struct DecodeOptions {
   /// appended (checked on the device). Without it the lengths are read back (one small synchronous copy).
   int64_t max_seqlen_k = 0;
   void* stream = nullptr;  ///< CUDA: cudaStream_t (nullptr = the default stream)
+  /// plan_decode only: the dtype of the q / out the plan will run with. Default: float32 for a host cache (which
+  /// runs any of float32 / float16 / bfloat16 anyway), the cache's 16-bit type for a CUDA cache (bfloat16 for a
+  /// quantized one). A CUDA plan runs only with that dtype (run_decode: TypeError naming q.dtype otherwise).
+  /// PagedKVCache::attention sets it from its q.
+  std::optional<DType> q_dtype;
 };
 
 /// flash_attn_with_kvcache-style decode over 16-bit cache tensors, CPU or CUDA (all tensors on one device).

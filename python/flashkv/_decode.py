@@ -102,7 +102,8 @@ def paged_decode(
         * GQA/MQA: num_heads a multiple of num_heads_kv; the query heads of one KV head are processed together.
         * window_size_left = W >= 0: query at position p sees keys j in [p - W, p] only (sliding window).
         * num_splits: 0 = heuristic (FlashAttention-3's on CUDA: split only when batch x kv heads leaves SMs idle),
-          1 = no split, n = n splits (<= 1024). Any choice gives the same result up to float32 rounding.
+          1 = no split, n = n splits (<= 1024). Any choice gives the same result up to rounding (CUDA: each split
+          rounds its P to 16 bits for the P·V MMA, a difference at the 16-bit computation's own error level).
         * Non-finite inputs (include/flashkv/decode.hpp): a NaN / inf score of a visible key makes that row's out and
           lse NaN; a non-finite value makes the output channels it reaches non-finite; masked keys and slots past
           the lengths never matter. Only a row without visible keys gets out 0 and lse -inf.

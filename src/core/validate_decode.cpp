@@ -53,6 +53,10 @@ DecodeProblem make_decode_problem(const TensorView& q, const TensorView& k_cache
   DecodeProblem p;
   check_rank_and_layout(q, "q", 4, "[batch, seqlen_q, num_heads, head_dim]");
   check_io_dtype(q);
+  if (q.device != Device::cpu && q.dtype == DType::float32) {  // named before the caches' dtype is compared with it
+    throw TypeError("q", "bfloat16 or float16 on CUDA (the CUDA decode computes in 16-bit; float32 runs on the CPU)",
+                    dtype_name(q.dtype));
+  }
   p.batch = q.shape[0];
   p.seqlen_q = p.max_seqlen_q = q.shape[1];
   p.num_heads = q.shape[2];

@@ -380,13 +380,12 @@ def test_paged_decode_matches_reference(torch, rng, dtype, c):
         err, lerr = max_err(f64(out), ref_out), lse_err(f64(lse), ref_lse)
         assert err <= 2 * base + 1e-5, (f"out, num_splits {name}", err, base)
         assert lerr <= 2 * lbase + 1e-4, (f"lse, num_splits {name}", lerr, lbase)
-    # num_splits 1 vs auto vs 7: the same float32 result up to summation order, so after the final rounding to the
-    # output dtype they differ by at most one of its ulps per element (measured: one bf16 ulp, seed 216172515)
-    ulp = 2.0 ** -7 if q.dtype == torch.bfloat16 else 2.0 ** -10
+    # num_splits 1 vs auto vs 7: each split rounds its own P to 16 bits for the P·V MMA (relative to its own running
+    # max), so the results differ at the naive same-precision level, not by one output ulp (H200 run 2, seed
+    # 1568810033: up to 2 bf16 ulps). Bound: 2x the naive error, tighter than the 4x the checks above imply.
     for name, other in (("auto", auto), ("7", forced)):
-        a, b = f64(one), f64(other)
-        bound = np.maximum(np.abs(a), np.abs(b)) * ulp + 1e-6
-        assert (np.abs(a - b) <= bound).all(), (f"num_splits 1 vs {name}", float(np.abs(a - b).max()))
+        d = max_err(f64(one), f64(other))
+        assert d <= 2 * base + 1e-5, (f"num_splits 1 vs {name}", d, base)
     # cache_seqlens is not updated; the append wrote exactly the new tokens, nothing else
     assert seqlens.cpu().tolist() == lens
     k_expect, v_expect = kc.clone(), vc.clone()

@@ -109,6 +109,17 @@ DecodePlan plan_decode(const PagedKVCache& cache, std::span<const int64_t> seq_i
   p.host_cu_seqlens_q = plan->cu_seqlens_q.data();
   p.max_seqlen_k = max_k;
   core::apply_decode_options(options, p);
+  if (options.q_dtype) {
+    const DType t = *options.q_dtype;
+    if (t != DType::float32 && t != DType::float16 && t != DType::bfloat16) {
+      throw TypeError("options.q_dtype", "float32, float16 or bfloat16", dtype_name(t));
+    }
+    p.dtype = t;
+  } else if (!m.on_host()) {  // the CUDA decode computes in 16-bit: the cache's own type, else bfloat16
+    p.dtype = m.codec(0).format().code == kv::KVCode::f16 ? DType::float16 : DType::bfloat16;
+  } else {
+    p.dtype = DType::float32;
+  }
   p.device = p.kv.device = m.cfg.device;
   p.device_index = p.kv.device_index = m.cfg.device_index;
   core::DecodeKV& kv = p.kv;
@@ -155,6 +166,11 @@ void run_decode(const PagedKVCache& cache, DecodePlan& plan, int32_t layer, cons
     }
   }
   core::DecodeProblem p = pl.proto;
+  if (!m.on_host() && q.dtype != pl.proto.dtype) {
+    throw TypeError("q.dtype", std::string(dtype_name(pl.proto.dtype)) +
+                                   " (the dtype this CUDA plan was made for: DecodeOptions::q_dtype)",
+                    dtype_name(q.dtype));
+  }
   core::bind_decode_io(p, q, out, lse);
   bind_layer(p, m, layer);
   core::record_path(pl.work->path());
@@ -170,7 +186,12 @@ void PagedKVCache::attention(std::span<const int64_t> seq_ids, std::span<const i
     throw Error("q", "num_heads (shape[1]) a positive multiple of num_heads_kv " + std::to_string(hkv),
                 std::to_string(q.shape[1]));
   }
-  DecodePlan plan = plan_decode(*this, seq_ids, cu_seqlens_q, q.shape[1], layer, options);
+  if (q.dtype != DType::float32 && q.dtype != DType::float16 && q.dtype != DType::bfloat16) {
+    throw TypeError("q.dtype", "float32, float16 or bfloat16", dtype_name(q.dtype));
+  }
+  KVAttentionOptions o = options;
+  o.q_dtype = q.dtype;
+  DecodePlan plan = plan_decode(*this, seq_ids, cu_seqlens_q, q.shape[1], layer, o);
   run_decode(*this, plan, layer, q, out, lse);
 }
 
