@@ -246,7 +246,10 @@ struct KVMemory {
 /// Not thread-safe; each call is internally parallel (OpenMP/BLAS).
 class Engine {
  public:
-  Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences = 1);
+  /// max_context: tokens one sequence may hold (0 = the model's seq_len; must be <= seq_len); sizes the page pool.
+  Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences = 1, int32_t max_context = 0);
+  /// Tokens one sequence may hold (the constructor's max_context, or the model's seq_len).
+  int32_t max_context() const;
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -266,6 +269,16 @@ class Engine {
   /// (quantized on write). logits_out: [n, vocab] if all_logits, else [vocab] for the last token; may be empty.
   /// Throws Error if the sequence is not empty, a token is out of range or the prompt exceeds seq_len.
   void prefill(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits = false);
+
+  /// Chunked prefill through the cache: runs `tokens` (n >= 1) of sequence `seq`, which may already hold cached
+  /// tokens (positions continue at length(seq)). Per layer the chunk's K/V are appended to the cache first
+  /// (quantized on write) and the chunk's queries then attend over the cache (PagedKVCache::attention, causal,
+  /// bottom-right aligned): every token sees the STORED history — earlier chunks and its own chunk — exactly as a
+  /// serving engine's chunked prefill and llama.cpp's ubatches do, so a quantized format's error on the prompt is what
+  /// later tokens see. With the fp32 cache it equals prefill() up to float rounding; with n = 1 it equals decode().
+  /// logits_out: [n, vocab] if all_logits, else [vocab] for the last token; may be empty.
+  /// Throws Error if a token is out of range or length(seq) + n exceeds seq_len (nothing is appended then).
+  void extend(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits = false);
 
   /// Decode one token for each of the sequences `seqs` (batch B = seqs.size(), distinct ids): appends its K/V to the
   /// cache, then attends over the cache (packed pages, quantized formats dequantized on the fly).

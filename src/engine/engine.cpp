@@ -40,7 +40,8 @@ void rmsnorm(float* out, const float* x, const float* weight, int dim, float eps
 }  // namespace
 
 struct Engine::Impl {
-  explicit Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences) : cache(make_config(m, spec, max_sequences)) {
+  explicit Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx)
+      : cache(make_config(m, spec, max_sequences, max_ctx)), max_context(max_ctx) {
     const ModelConfig& c = m.config;
     live.assign(static_cast<std::size_t>(max_sequences), false);
     // Tiny models: attention over a full context is a few microseconds of work, far less than an OpenMP fork/join
@@ -59,7 +60,7 @@ struct Engine::Impl {
       }
   }
 
-  static KVCacheConfig make_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences) {
+  static KVCacheConfig make_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx) {
     if (max_sequences < 1) throw Error("max_sequences", ">= 1", std::to_string(max_sequences));
     const ModelConfig& c = m.config;
     KVCacheConfig kc;
@@ -72,7 +73,7 @@ struct Engine::Impl {
     kc.sink_tokens = spec.sinks;
     kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
     kc.rotation_seed = spec.rotation_seed;
-    const int64_t pages_per_seq = (c.seq_len + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
+    const int64_t pages_per_seq = (max_ctx + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
     kc.capacity_pages = pages_per_seq * max_sequences;
     kc.validate();
     return kc;
@@ -107,14 +108,26 @@ struct Engine::Impl {
   }
 
   PagedKVCache cache;
+  int32_t max_context = 0;
   int32_t attention_threads = 0;
   std::vector<bool> live;
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;
 };
 
-Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences)
-    : model_(model), spec_(spec), impl_(std::make_unique<Impl>(model, spec, max_sequences)) {}
+namespace {
+int32_t checked_context(const Model& m, int32_t max_context) {
+  if (max_context < 0 || max_context > m.config.seq_len)
+    throw Error("max_context", "0..seq_len = " + std::to_string(m.config.seq_len) + " tokens (0 = seq_len)",
+                std::to_string(max_context));
+  return max_context == 0 ? m.config.seq_len : max_context;
+}
+}  // namespace
+
+Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_context)
+    : model_(model), spec_(spec),
+      impl_(std::make_unique<Impl>(model, spec, max_sequences, checked_context(model, max_context))) {}
+int32_t Engine::max_context() const { return impl_->max_context; }
 Engine::~Engine() = default;
 
 int32_t Engine::add_sequence() {
@@ -189,8 +202,8 @@ void Engine::prefill(int32_t seq, std::span<const int32_t> tokens, std::span<flo
   const ModelConfig& c = m.config;
   if (length(seq) != 0) throw Error("seq", "an empty sequence for prefill", std::to_string(length(seq)) + " cached tokens");
   if (tokens.empty()) throw Error("tokens", "at least one token", "0");
-  if (tokens.size() > static_cast<std::size_t>(c.seq_len))
-    throw Error("prompt", "at most seq_len = " + std::to_string(c.seq_len) + " tokens", std::to_string(tokens.size()));
+  if (tokens.size() > static_cast<std::size_t>(impl_->max_context))
+    throw Error("prompt", "at most max_context = " + std::to_string(impl_->max_context) + " tokens", std::to_string(tokens.size()));
   check_tokens(tokens, c.vocab_size);
   const int t = static_cast<int>(tokens.size());
   const std::size_t want = logits_out.empty() ? 0 : static_cast<std::size_t>(all_logits ? t : 1) * c.vocab_size;
@@ -231,6 +244,53 @@ void Engine::prefill(int32_t seq, std::span<const int32_t> tokens, std::span<flo
   classify(m, &s.x[static_cast<std::size_t>(first) * D], t - first, s.xb.data(), logits_out.data());
 }
 
+void Engine::extend(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits) {
+  const Model& m = model_;
+  const ModelConfig& c = m.config;
+  const int32_t pos0 = length(seq);
+  if (tokens.empty()) throw Error("tokens", "at least one token", "0");
+  if (static_cast<int64_t>(pos0) + static_cast<int64_t>(tokens.size()) > impl_->max_context)
+    throw Error("tokens", "at most max_context - cached = " + std::to_string(impl_->max_context - pos0) + " tokens",
+                std::to_string(tokens.size()) + " (" + std::to_string(pos0) + " already cached)");
+  check_tokens(tokens, c.vocab_size);
+  const int t = static_cast<int>(tokens.size());
+  const std::size_t want = logits_out.empty() ? 0 : static_cast<std::size_t>(all_logits ? t : 1) * c.vocab_size;
+  if (!logits_out.empty() && logits_out.size() != want)
+    throw Error("logits_out", std::to_string(want) + " floats", std::to_string(logits_out.size()));
+  Impl& s = *impl_;
+  s.resize(c, t);
+  const int D = c.dim, Qd = c.num_heads * c.head_dim, KVd = c.kv_dim();
+  for (int r = 0; r < t; ++r)
+    std::memcpy(&s.x[static_cast<std::size_t>(r) * D], m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
+                sizeof(float) * static_cast<std::size_t>(D));
+  KVAttentionOptions kv_opts;
+  kv_opts.num_threads = s.attention_threads;
+  const int64_t ids[1] = {seq};
+  const int32_t cu[2] = {0, t};
+  for (int32_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
+    for (int r = 0; r < t; ++r) rmsnorm(&s.xb[static_cast<std::size_t>(r) * D], &s.x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
+    matmul(s.xb.data(), t, D, L.wq, Qd, s.q.data());
+    matmul(s.xb.data(), t, D, L.wk, KVd, s.k.data());
+    matmul(s.xb.data(), t, D, L.wv, KVd, s.v.data());
+    for (int r = 0; r < t; ++r) {
+      s.rope(&s.q[static_cast<std::size_t>(r) * Qd], c.num_heads, c.head_dim, pos0 + r);
+      s.rope(&s.k[static_cast<std::size_t>(r) * KVd], c.num_heads_kv, c.head_dim, pos0 + r);
+    }
+    s.cache.append(seq, l, TensorView::contiguous(s.k.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}),
+                   TensorView::contiguous(s.v.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}));
+    s.cache.attention(ids, cu, l, TensorView::contiguous(s.q.data(), DType::float32, {t, c.num_heads, c.head_dim}),
+                      TensorView::contiguous(s.att.data(), DType::float32, {t, c.num_heads, c.head_dim}), nullptr,
+                      kv_opts);
+    matmul(s.att.data(), t, Qd, L.wo, D, s.xb.data());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) s.x[i] += s.xb[i];
+    ffn(m, L, t, s.x.data(), s.xb.data(), s.hb.data(), s.hb2.data());
+  }
+  if (logits_out.empty()) return;
+  const int first = all_logits ? 0 : t - 1;
+  classify(m, &s.x[static_cast<std::size_t>(first) * D], t - first, s.xb.data(), logits_out.data());
+}
+
 void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> tokens, std::span<float> logits_out) {
   const Model& m = model_;
   const ModelConfig& c = m.config;
@@ -247,8 +307,8 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     pos[i] = length(seqs[i]);
     ids[i] = seqs[i];
-    if (pos[i] >= c.seq_len)
-      throw Error("seqs[" + std::to_string(i) + "]", "a sequence shorter than seq_len = " + std::to_string(c.seq_len),
+    if (pos[i] >= impl_->max_context)
+      throw Error("seqs[" + std::to_string(i) + "]", "a sequence shorter than max_context = " + std::to_string(impl_->max_context),
                   std::to_string(pos[i]) + " cached tokens (context full)");
     for (std::size_t j = 0; j < i; ++j)
       if (seqs[j] == seqs[i]) throw Error("seqs", "distinct sequence ids", "id " + std::to_string(seqs[i]) + " twice");
