@@ -42,14 +42,14 @@ void run(const DemoArgs& a) {
   const std::string dir = eval::default_models_dir();
   const std::string model = a.model.empty() ? dir + "/aidreams260K.bin" : a.model;
   const std::string tokenizer = a.model.empty() && a.tokenizer.empty() ? dir + "/aidreams260K.tok512.bin" : a.tokenizer;
-  std::fprintf(stderr, "[demo] loading %s\n", model.c_str());
   LoadedModel lm = load_model_with_tokenizer(model, tokenizer);
   const ModelConfig& c = lm.model.config;
   o.formats = cli::parse_kv_list(a.kv_cache, KVCacheSpec{}, c.head_dim);
   if (o.context > c.seq_len) o.context = c.seq_len;
-  std::fprintf(stderr, "[demo] %zu KV formats at a %d-token context: quality on %s, passkey, greedy text (%s)\n",
-               (o.formats.empty() ? eval::demo_formats(c.head_dim) : o.formats).size(), o.context, a.text.c_str(),
-               eval::load_average().c_str());
+  std::fprintf(stderr, "[demo] %s loaded; %zu KV formats at a %d-token context: quality on %s, passkey, greedy "
+               "text (%s)\n",
+               model.c_str(), (o.formats.empty() ? eval::demo_formats(c.head_dim) : o.formats).size(), o.context,
+               a.text.c_str(), eval::load_average().c_str());
   const bool show = !a.no_progress && (a.progress || ::isatty(STDERR_FILENO));
   eval::ProgressBar bar(show, "tokens");
   const eval::DemoResult r = eval::run_demo(lm, o, [&](int64_t d, int64_t t) { bar.update(d, t); });

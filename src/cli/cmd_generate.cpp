@@ -32,7 +32,8 @@ void run(const GenerateArgs& a) {
   if (prompt.size() > static_cast<std::size_t>(lm.model.config.seq_len))
     throw Error("prompt", "at most " + std::to_string(lm.model.config.seq_len) + " tokens (the model's context)",
                 std::to_string(prompt.size()) + " tokens");
-  Engine engine(lm.model, spec, 1);
+  Engine engine(lm.model, eval::fit_kv_spec(spec, lm.model.config.head_dim), 1);  // KIVI G fitted to head_dim, as eval/demo
+  const KVCacheSpec& used = engine.spec();
   Sampler sampler(sc);
   if (!a.json) std::fputs(a.prompt.c_str(), stdout);
   auto stream = [&](int32_t prev, int32_t t) {
@@ -46,7 +47,7 @@ void run(const GenerateArgs& a) {
   const double bf16_bytes = g.kv.bf16_bytes_per_token * static_cast<double>(g.kv.tokens);
   if (a.json) {
     nlohmann::json j = {{"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens}, {"text", tok.decode(g.tokens)},
-                        {"stop", stop_reason_name(g.stop)}, {"kv_cache", spec.label()},
+                        {"stop", stop_reason_name(g.stop)}, {"kv_cache", used.label()},
                         {"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
                         {"kv_bytes", g.kv.bytes}, {"kv_tokens", g.kv.tokens}, {"kv_bf16_bytes", bf16_bytes},
                         {"kv_effective_bits", g.kv.effective_bits}, {"model_format", checkpoint_format_name(lm.model.format)}};
@@ -57,7 +58,7 @@ void run(const GenerateArgs& a) {
   std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s\n", prompt.size(),
               prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop));
   std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element) vs bf16 %.0f bytes (%.2fx smaller)\n",
-              spec.label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits, bf16_bytes,
+              used.label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits, bf16_bytes,
               g.kv.bytes > 0 ? bf16_bytes / static_cast<double>(g.kv.bytes) : 0.0);
 }
 
