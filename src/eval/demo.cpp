@@ -164,11 +164,6 @@ std::string fm(const char* f, double v) {
   std::snprintf(b, sizeof b, f, v);
   return b;
 }
-std::size_t width(const std::string& s) {
-  std::size_t n = 0;
-  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80 ? 1 : 0;
-  return n;
-}
 }  // namespace
 
 std::string demo_table(const DemoResult& r) {
@@ -189,23 +184,7 @@ std::string demo_table(const DemoResult& r) {
     c.push_back(i == 0 ? "—" : d.greedy_divergence < 0 ? "none" : "step " + std::to_string(d.greedy_divergence));
     cells.push_back(std::move(c));
   }
-  std::vector<std::size_t> w(head.size());
-  for (std::size_t i = 0; i < head.size(); ++i) {
-    w[i] = width(head[i]);
-    for (const auto& c : cells) w[i] = std::max(w[i], width(c[i]));
-  }
-  std::ostringstream os;
-  auto line = [&](const std::vector<std::string>& c) {
-    os << "|";
-    for (std::size_t i = 0; i < c.size(); ++i) os << ' ' << c[i] << std::string(w[i] - width(c[i]), ' ') << " |";
-    os << '\n';
-  };
-  line(head);
-  os << "|";
-  for (std::size_t i = 0; i < head.size(); ++i) os << std::string(w[i] + 2, '-') << "|";
-  os << '\n';
-  for (const auto& c : cells) line(c);
-  return os.str();
+  return markdown_table(head, cells);
 }
 
 nlohmann::json demo_to_json(const DemoResult& r) {

@@ -14,6 +14,9 @@
 
 namespace flashkv::eval {
 
+/// A markdown-compatible table with columns padded to the widest cell (widths in UTF-8 code points).
+std::string markdown_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& cells);
+
 /// Side-by-side table (markdown-compatible pipes): format, bytes/token, bits, ×bf16, decode tok/s, mean KL, top-1,
 /// Δll, first divergence. `greedy` adds the demo's free-running greedy divergence column.
 std::string format_table(const std::vector<FormatRow>& rows, bool greedy);

@@ -16,32 +16,15 @@
 namespace flashkv::eval {
 
 namespace {
-std::string f(const char* fmt, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, fmt, v);
-  return b;
-}
-std::string pm(const char* fmt, double v, double e) {
-  std::string s = f(fmt, v);
-  s.append(" ± ").append(f(fmt, e));
-  return s;
-}
-/// KLD as llama-perplexity prints it (%.5f), or in scientific notation below 1e-3 where %.5f would hide it.
-std::string kld_pm(double v, double e) { return v < 1e-3 ? pm("%.2e", v, e) : pm("%.5f", v, e); }
-std::string signed_pm(double v, double e) {
-  std::string s(v >= 0 ? "+" : "");
-  s.append(pm("%.4f", v, e));
-  return s;
-}
-
 /// Display width of UTF-8 text (code points; the tables use no wide characters).
 std::size_t width(const std::string& s) {
   std::size_t n = 0;
   for (unsigned char ch : s) n += (ch & 0xC0) != 0x80 ? 1 : 0;
   return n;
 }
+}  // namespace
 
-std::string markdown(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& cells) {
+std::string markdown_table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& cells) {
   std::vector<std::size_t> w(head.size());
   for (std::size_t i = 0; i < head.size(); ++i) {
     w[i] = width(head[i]);
@@ -59,6 +42,25 @@ std::string markdown(const std::vector<std::string>& head, const std::vector<std
   os << '\n';
   for (const auto& c : cells) line(c);
   return os.str();
+}
+
+namespace {
+std::string f(const char* fmt, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, v);
+  return b;
+}
+std::string pm(const char* fmt, double v, double e) {
+  std::string s = f(fmt, v);
+  s.append(" ± ").append(f(fmt, e));
+  return s;
+}
+/// KLD as llama-perplexity prints it (%.5f), or in scientific notation below 1e-3 where %.5f would hide it.
+std::string kld_pm(double v, double e) { return v < 1e-3 ? pm("%.2e", v, e) : pm("%.5f", v, e); }
+std::string signed_pm(double v, double e) {
+  std::string s(v >= 0 ? "+" : "");
+  s.append(pm("%.4f", v, e));
+  return s;
 }
 
 nlohmann::json spec_json(const KVCacheSpec& s) {
@@ -88,7 +90,7 @@ std::string text_table(const TextResult& r) {
                      f(s.kld_max < 1e-3 ? "%.2e" : "%.3f", s.kld_max),
                      f("%.2f", 100 * s.rms_dp) + " %", pm("%.2f", 100 * s.same_top1, 100 * s.same_top1_err) + " %"});
   }
-  return markdown(head, cells);
+  return markdown_table(head, cells);
 }
 
 nlohmann::json text_to_json(const TextResult& r) {
@@ -125,7 +127,7 @@ std::string passkey_table(const PasskeyResult& r) {
     c.push_back(n ? "step " + f("%.1f", sum / n) + " (" + std::to_string(n) + ")" : "—");
     cells.push_back(std::move(c));
   }
-  return markdown(head, cells);
+  return markdown_table(head, cells);
 }
 
 nlohmann::json passkey_to_json(const PasskeyResult& r) {
@@ -159,7 +161,7 @@ std::string speed_table(const std::vector<SpeedRow>& rows) {
     cells.push_back({r.label, f("%.2f", r.effective_bits), std::to_string(r.context), std::to_string(r.depth),
                      pm("%.1f", r.pp_mean, r.pp_sd) + " (n=" + std::to_string(r.pp.size()) + ")",
                      pm("%.1f", r.tg_mean, r.tg_sd) + " (n=" + std::to_string(r.tg.size()) + ")"});
-  return markdown(head, cells);
+  return markdown_table(head, cells);
 }
 
 nlohmann::json speed_to_json(const std::vector<SpeedRow>& rows) {
