@@ -8,6 +8,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
+#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
 #include "eval/report.hpp"
 #include "eval/speed.hpp"
@@ -24,7 +25,6 @@ struct BenchEngineArgs {
 
 void run(const BenchEngineArgs& a) {
   using namespace flashkv;
-  if (a.model.empty()) throw Error("model", "--model PATH", "nothing");
   if (a.threads < 0) throw Error("threads", ">= 0 (0 = OpenMP default)", std::to_string(a.threads));
   eval::SpeedOptions o;
   o.contexts = cli::parse_token_counts(a.contexts, "contexts");
@@ -37,7 +37,7 @@ void run(const BenchEngineArgs& a) {
   defaults.page_size = a.page_size;
   for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
+  LoadedModel lm = load_named_model(a.model, a.tokenizer);
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, lm.model.config.head_dim);
   if (specs.empty()) specs = cli::parse_kv_list({"fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r128"}, defaults,
                                                 lm.model.config.head_dim);
@@ -64,8 +64,7 @@ void register_bench_engine(CLI::App& root) {
   CLI::App* bench = flashkv::cli::group(root, "bench", "benchmarks");
   auto args = std::make_shared<BenchEngineArgs>();
   CLI::App* cmd = bench->add_subcommand("engine", "whole-model prefill / decode tok/s per KV format (llama-bench's protocol)");
-  cmd->add_option("--model", args->model, "checkpoint");
-  cmd->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: embedded in a GGUF)");
+  flashkv::cli::add_model_options(cmd, args->model, args->tokenizer, "smollm2-135m");
   cmd->add_option("--kv-cache", args->kv_cache, "formats (default: fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r128)")
       ->expected(1, -1);
   cmd->add_option("--contexts", args->contexts, "contexts C at which both end, e.g. 2k,8k (default)");

@@ -9,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
+#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
 #include "eval/demo.hpp"
 #include "eval/report.hpp"
@@ -39,10 +40,8 @@ void run(const DemoArgs& a) {
     o.context = v.front();
   }
   for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, KVCacheSpec{}, 256);
-  const std::string dir = eval::default_models_dir();
-  const std::string model = a.model.empty() ? dir + "/aidreams260K.bin" : a.model;
-  const std::string tokenizer = a.model.empty() && a.tokenizer.empty() ? dir + "/aidreams260K.tok512.bin" : a.tokenizer;
-  LoadedModel lm = load_model_with_tokenizer(model, tokenizer);
+  const std::string& model = a.model;
+  LoadedModel lm = load_named_model(model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   o.formats = cli::parse_kv_list(a.kv_cache, KVCacheSpec{}, c.head_dim);
   if (o.context > c.seq_len) o.context = c.seq_len;
@@ -100,8 +99,7 @@ void run(const DemoArgs& a) {
 void register_demo(CLI::App& root) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* sub = root.add_subcommand("demo", "the main job on a real model: every KV format side by side");
-  sub->add_option("--model", args->model, "checkpoint (default: the shipped model in $FLASHKV_MODELS_DIR or ../shared/models)");
-  sub->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file");
+  flashkv::cli::add_model_options(sub, args->model, args->tokenizer, "smollm2-135m");
   sub->add_option("--text", args->text, "prose for the quality columns (default /usr/share/common-licenses/GPL-3)");
   sub->add_option("--ctx", args->ctx, "context of the comparison (default 2k, capped at the model's)");
   sub->add_option("--chunks", args->chunks, "quality chunks of --ctx tokens (default 1)");

@@ -12,6 +12,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
+#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
 #include "eval/demo.hpp"
 #include "eval/evaluation.hpp"
@@ -99,7 +100,7 @@ void run(CLI::App* group, const EvalArgs& a) {
   for (CLI::App* sub : group->get_subcommands([](CLI::App*) { return true; }))
     if (sub->parsed()) return;
   if (a.model.empty())
-    throw Error("model", "--model PATH (checkpoint to evaluate), or a subcommand (`eval kv`, `eval passkey`)", "nothing");
+    throw Error("model", "--model NAME|PATH (e.g. smollm2-135m), or a subcommand (`eval kv`, `eval passkey`)", "nothing");
   if (!a.text_file.empty() && !a.tokens_file.empty()) throw Error("text/tokens", "at most one of --text and --tokens", "both");
   if (!a.ctx.empty() && a.text_file.empty()) throw Error("ctx", "--text FILE (--ctx sets its chunk length)", "no --text");
   if (a.ubatch < 1) throw Error("ubatch", ">= 1 tokens", std::to_string(a.ubatch));
@@ -113,7 +114,7 @@ void run(CLI::App* group, const EvalArgs& a) {
   defaults.rotate = a.rotate == "hadamard";
   defaults.page_size = a.page_size;
   for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);  // grammar errors before loading
-  LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
+  LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, c.head_dim);
   if (specs.empty()) specs = eval::demo_formats(c.head_dim);
@@ -161,8 +162,7 @@ void run(CLI::App* group, const EvalArgs& a) {
 void register_eval(CLI::App& root) {
   auto args = std::make_shared<EvalArgs>();
   CLI::App* g = flashkv::cli::group(root, "eval", "quality evaluation of KV cache formats");
-  g->add_option("--model", args->model, "checkpoint (llama2.c or GGUF): teacher-forced A/B of KV formats vs fp32");
-  g->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: embedded in a GGUF)");
+  flashkv::cli::add_model_options(g, args->model, args->tokenizer, "");
   g->add_option("--kv-cache", args->kv_cache,
                 "formats to compare: DTYPE[+rN][+sN][+hadamard][+pN] ... (e.g. int8 int4 int2_kivi+r32 k:int8,v:int4; "
                 "KIVI without _gN takes the largest group that fits head_dim; default: the demo's list)")

@@ -11,6 +11,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
+#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
 #include "eval/passkey.hpp"
 #include "eval/report.hpp"
@@ -36,7 +37,6 @@ std::string safe_name(const std::string& s) {
 
 void run(const PasskeyArgs& a) {
   using namespace flashkv;
-  if (a.model.empty()) throw Error("model", "--model PATH (the instruction-tuned model to ask)", "nothing");
   eval::PasskeyOptions o;
   o.contexts = cli::parse_token_counts(a.contexts, "contexts");
   o.depths = cli::parse_percents(a.depths, "depths");
@@ -56,7 +56,7 @@ void run(const PasskeyArgs& a) {
   defaults.rotate = a.rotate == "hadamard";
   defaults.page_size = a.page_size;
   for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);
-  LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
+  LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   for (int32_t n : o.contexts)
     if (n > c.seq_len)
@@ -92,8 +92,7 @@ void register_eval_passkey(CLI::App& root) {
   CLI::App* g = flashkv::cli::group(root, "eval", "quality evaluation of KV cache formats");
   auto args = std::make_shared<PasskeyArgs>();
   CLI::App* p = g->add_subcommand("passkey", "passkey retrieval through the model per KV format: heatmap over context x depth");
-  p->add_option("--model", args->model, "checkpoint (an instruction-tuned GGUF is asked in its chat template)");
-  p->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer file (default: embedded in a GGUF)");
+  flashkv::cli::add_model_options(p, args->model, args->tokenizer, "smollm2-135m");
   p->add_option("--kv-cache", args->kv_cache, "formats besides the fp32 reference: DTYPE[+rN][+sN][+hadamard][+pN] ...")
       ->expected(1, -1);
   p->add_option("--contexts", args->contexts, "prompt + answer budget per cell, e.g. 1k,2k,4k,8k (default)");

@@ -1,12 +1,17 @@
-// The inference engine: Llama forward pass on the CPU. Prefill uses flashkv::attention_forward (exact tiled causal
-// attention, FA2 order) over the fresh K/V and then writes them into the PagedKVCache (quantize-on-write); decode
-// appends each new token's K/V and attends over the cache's packed pages (PagedKVCache::attention).
-#include <cblas.h>
-
+// The inference engine: Llama forward pass on the CPU over a batch of "segments" (consecutive tokens of one sequence).
+//   prefill  one segment at position 0: flashkv::attention_forward (exact tiled causal attention, FA2 order) over the
+//            fresh float32 K/V, then K/V written into the PagedKVCache (quantize-on-write);
+//   extend   one segment anywhere: K/V written into the cache first, then the segment's queries attend over the cache
+//            (PagedKVCache::attention, causal, bottom-right aligned) — chunked prefill through the (quantized) cache;
+//   decode   one token for each of B sequences, through the cache like extend.
+// Matrix products: cblas_sgemm over all rows of the batch (cblas_sgemv for a single row).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
+#include "engine/blas.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -24,45 +29,81 @@ std::string KVCacheSpec::label() const {
 
 namespace {
 
-/// Y[T, out] = X[T, in] · Wᵀ with W row-major [out, in] (BLAS sgemm).
+/// Y[T, out] = X[T, in] · Wᵀ with W row-major [out, in]: OpenBLAS (single-threaded, engine_detail::blas()) on each
+/// OpenMP thread's share of the output rows (blocks of 16); one call when the product is small (< 2^16 multiply-adds:
+/// a fork/join would cost more). Every output element is one BLAS dot product over `in`, whatever the thread count.
 void matmul(const float* x, int t, int in, const float* w, int out, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  const engine_detail::Blas& b = engine_detail::blas();
+  auto rows = [&](int r0, int r1) {
+    if (r1 <= r0) return;
+    if (t == 1)
+      b.sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, in, 1.0f, w + static_cast<std::size_t>(r0) * in, in, x, 1, 0.0f,
+              y + r0, 1);
+    else
+      b.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, r1 - r0, in, 1.0f, x, in, w + static_cast<std::size_t>(r0) * in,
+              in, 0.0f, y + r0, out);
+  };
+  const double macs = static_cast<double>(t) * in * out;
+  const int max_threads = omp_get_max_threads();
+  if (macs < 65536.0 || max_threads <= 1 || omp_in_parallel()) {
+    rows(0, out);
+    return;
+  }
+#pragma omp parallel num_threads(max_threads)
+  {
+    const int n = omp_get_num_threads(), i = omp_get_thread_num();
+    const int blocks = (out + 15) / 16;
+    const int b0 = blocks * i / n, b1 = blocks * (i + 1) / n;
+    rows(std::min(out, 16 * b0), std::min(out, 16 * b1));
+  }
 }
 
-/// out = x / sqrt(mean(x²) + eps) · weight, per row of `dim` elements (llama2.c rmsnorm).
+/// out = x / sqrt(mean(x²) + eps) · weight, per row of `dim` elements (sum of squares accumulated in double).
 void rmsnorm(float* out, const float* x, const float* weight, int dim, float eps) {
-  float ss = 0.0f;
-  for (int i = 0; i < dim; ++i) ss += x[i] * x[i];
-  ss = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
-  for (int i = 0; i < dim; ++i) out[i] = weight[i] * (ss * x[i]);
+  double ss = 0.0;
+  for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + static_cast<double>(eps)));
+  for (int i = 0; i < dim; ++i) out[i] = weight[i] * (inv * x[i]);
+}
+
+void check_tokens(std::span<const int32_t> tokens, int32_t vocab) {
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw Error("tokens[" + std::to_string(i) + "]", "a token id in [0, " + std::to_string(vocab) + ")",
+                  std::to_string(tokens[i]));
 }
 
 }  // namespace
 
 struct Engine::Impl {
-  explicit Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx)
-      : cache(make_config(m, spec, max_sequences, max_ctx)), max_context(max_ctx) {
+  Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx)
+      : context(max_ctx == 0 ? m.config.seq_len : max_ctx), cache(make_config(m, spec, max_sequences, context)) {
     const ModelConfig& c = m.config;
     live.assign(static_cast<std::size_t>(max_sequences), false);
     // Tiny models: attention over a full context is a few microseconds of work, far less than an OpenMP fork/join
     // on a loaded machine, so run it on the calling thread; larger models use the OpenMP default.
-    const double attn_flops = 4.0 * c.num_heads * static_cast<double>(c.seq_len) * c.head_dim;
+    const double attn_flops = 4.0 * c.num_heads * static_cast<double>(context) * c.head_dim;
     attention_threads = attn_flops < 4e6 ? 1 : 0;
+    // RoPE table: angle pos · theta^(−2i/head_dim) in double, then cos / sin rounded to float.
     const int half = c.head_dim / 2;
-    rope_cos.resize(static_cast<std::size_t>(c.seq_len) * half);
+    rope_cos.resize(static_cast<std::size_t>(context) * half);
     rope_sin.resize(rope_cos.size());
-    for (int pos = 0; pos < c.seq_len; ++pos)
-      for (int i = 0; i < half; ++i) {
-        const float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
-        const float val = static_cast<float>(pos) * freq;
-        rope_cos[static_cast<std::size_t>(pos) * half + i] = std::cos(val);
-        rope_sin[static_cast<std::size_t>(pos) * half + i] = std::sin(val);
+    for (int i = 0; i < half; ++i) {
+      const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
+      for (int pos = 0; pos < context; ++pos) {
+        const double val = pos * freq;
+        rope_cos[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::cos(val));
+        rope_sin[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::sin(val));
       }
+    }
   }
 
-  static KVCacheConfig make_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx) {
+  static KVCacheConfig make_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t context) {
     if (max_sequences < 1) throw Error("max_sequences", ">= 1", std::to_string(max_sequences));
     const ModelConfig& c = m.config;
+    if (context < 1 || context > c.seq_len)
+      throw Error("max_context", "a context in [1, " + std::to_string(c.seq_len) + "] (the model's) or 0",
+                  std::to_string(context));
     KVCacheConfig kc;
     kc.num_layers = c.n_layers;
     kc.num_heads_kv = c.num_heads_kv;
@@ -73,7 +114,7 @@ struct Engine::Impl {
     kc.sink_tokens = spec.sinks;
     kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
     kc.rotation_seed = spec.rotation_seed;
-    const int64_t pages_per_seq = (max_ctx + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
+    const int64_t pages_per_seq = (context + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
     kc.capacity_pages = pages_per_seq * max_sequences;
     kc.validate();
     return kc;
@@ -107,28 +148,112 @@ struct Engine::Impl {
     }
   }
 
+  /// A run of `n` consecutive tokens of sequence `seq` starting at position `pos0`; rows [row0, row0 + n).
+  struct Segment {
+    int32_t seq, pos0, n, row0;
+  };
+
+  /// The forward pass over all rows of `segs` (tokens in row order). fresh_attention: a single segment at position 0
+  /// attended with attention_forward before its K/V go into the cache; otherwise K/V are appended first and every
+  /// row attends over the cache. Leaves the final residual stream in x.
+  void forward(const Model& m, std::span<const Segment> segs, std::span<const int32_t> tokens, bool fresh_attention) {
+    const ModelConfig& c = m.config;
+    const int t = static_cast<int>(tokens.size());
+    resize(c, t);
+    const int D = c.dim, Qd = c.num_heads * c.head_dim, KVd = c.kv_dim(), H = c.hidden_dim;
+    for (int r = 0; r < t; ++r)
+      std::memcpy(&x[static_cast<std::size_t>(r) * D],
+                  m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
+                  sizeof(float) * static_cast<std::size_t>(D));
+    std::vector<int64_t> ids(segs.size());
+    std::vector<int32_t> cu(segs.size() + 1, 0);
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      ids[i] = segs[i].seq;
+      cu[i + 1] = cu[i] + segs[i].n;
+    }
+    AttentionOptions opts;
+    opts.causal = true;
+    opts.num_threads = attention_threads;
+    KVAttentionOptions kv_opts;
+    kv_opts.causal = true;
+    kv_opts.num_threads = attention_threads;
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
+      for (int r = 0; r < t; ++r)
+        rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
+      matmul(xb.data(), t, D, L.wq, Qd, q.data());
+      matmul(xb.data(), t, D, L.wk, KVd, k.data());
+      matmul(xb.data(), t, D, L.wv, KVd, v.data());
+      for (const Segment& s : segs)
+        for (int i = 0; i < s.n; ++i) {
+          const std::size_t r = static_cast<std::size_t>(s.row0 + i);
+          rope(&q[r * Qd], c.num_heads, c.head_dim, s.pos0 + i);
+          rope(&k[r * KVd], c.num_heads_kv, c.head_dim, s.pos0 + i);
+        }
+      auto kv_rows = [&](std::vector<float>& buf, const Segment& s) {
+        return TensorView::contiguous(&buf[static_cast<std::size_t>(s.row0) * KVd], DType::float32,
+                                      {s.n, c.num_heads_kv, c.head_dim});
+      };
+      if (fresh_attention) {
+        auto qv = TensorView::contiguous(q.data(), DType::float32, {1, t, c.num_heads, c.head_dim});
+        auto kv = TensorView::contiguous(k.data(), DType::float32, {1, t, c.num_heads_kv, c.head_dim});
+        auto vv = TensorView::contiguous(v.data(), DType::float32, {1, t, c.num_heads_kv, c.head_dim});
+        auto ov = TensorView::contiguous(att.data(), DType::float32, {1, t, c.num_heads, c.head_dim});
+        attention_forward(qv, kv, vv, ov, nullptr, opts);
+        cache.append(segs[0].seq, l, kv_rows(k, segs[0]), kv_rows(v, segs[0]));
+      } else {
+        for (const Segment& s : segs) cache.append(s.seq, l, kv_rows(k, s), kv_rows(v, s));
+        cache.attention(ids, cu, l, TensorView::contiguous(q.data(), DType::float32, {t, c.num_heads, c.head_dim}),
+                        TensorView::contiguous(att.data(), DType::float32, {t, c.num_heads, c.head_dim}), nullptr,
+                        kv_opts);
+      }
+      matmul(att.data(), t, Qd, L.wo, D, xb.data());
+      for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) x[i] += xb[i];
+      // SwiGLU feed-forward with residual.
+      for (int r = 0; r < t; ++r)
+        rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(r) * D], L.ffn_norm, D, c.norm_eps);
+      matmul(xb.data(), t, D, L.w1, H, hb.data());
+      matmul(xb.data(), t, D, L.w3, H, hb2.data());
+      const std::size_t n = static_cast<std::size_t>(t) * H;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float g = hb[i];
+        hb[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2[i];
+      }
+      matmul(hb.data(), t, H, L.w2, D, xb.data());
+      for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) x[i] += xb[i];
+    }
+  }
+
+  /// Logits of rows [first, first + rows) of x (final norm + classifier) into `logits`.
+  void classify(const Model& m, int first, int rows, float* logits) {
+    const ModelConfig& c = m.config;
+    const std::size_t D = static_cast<std::size_t>(c.dim);
+    for (int r = 0; r < rows; ++r)
+      rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(first + r) * D], m.final_norm, c.dim,
+              c.norm_eps);
+    matmul(xb.data(), rows, c.dim, m.classifier, c.vocab_size, logits);
+  }
+
+  int32_t context;
   PagedKVCache cache;
-  int32_t max_context = 0;
   int32_t attention_threads = 0;
   std::vector<bool> live;
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;
 };
 
-namespace {
-int32_t checked_context(const Model& m, int32_t max_context) {
-  if (max_context < 0 || max_context > m.config.seq_len)
-    throw Error("max_context", "0..seq_len = " + std::to_string(m.config.seq_len) + " tokens (0 = seq_len)",
-                std::to_string(max_context));
-  return max_context == 0 ? m.config.seq_len : max_context;
-}
-}  // namespace
-
 Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_context)
-    : model_(model), spec_(spec),
-      impl_(std::make_unique<Impl>(model, spec, max_sequences, checked_context(model, max_context))) {}
-int32_t Engine::max_context() const { return impl_->max_context; }
+    : model_(model), spec_(spec), impl_(std::make_unique<Impl>(model, spec, max_sequences, max_context)) {
+  engine_detail::blas();  // load OpenBLAS now: a missing library is an error here, not in the first forward
+}
+
+std::string engine_blas_info() {
+  const engine_detail::Blas& b = engine_detail::blas();
+  return b.info + " | " + b.library;
+}
 Engine::~Engine() = default;
+
+int32_t Engine::max_context() const { return impl_->context; }
 
 int32_t Engine::add_sequence() {
   for (std::size_t i = 0; i < impl_->live.size(); ++i) {
@@ -167,133 +292,47 @@ KVMemory Engine::memory() const {
 }
 
 namespace {
-void check_tokens(std::span<const int32_t> tokens, int32_t vocab) {
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      throw Error("tokens[" + std::to_string(i) + "]", "a token id in [0, " + std::to_string(vocab) + ")",
-                  std::to_string(tokens[i]));
-}
-
-/// Rows [0, t) of the residual stream → logits of the selected rows (final norm + classifier).
-void classify(const Model& m, const float* x, int rows, float* xb, float* logits) {
-  const ModelConfig& c = m.config;
-  for (int r = 0; r < rows; ++r) rmsnorm(xb + r * c.dim, x + r * c.dim, m.final_norm, c.dim, c.norm_eps);
-  matmul(xb, rows, c.dim, m.classifier, c.vocab_size, logits);
-}
-
-/// SwiGLU feed-forward with residual, rows [0, t).
-void ffn(const Model& m, const LayerWeights& L, int t, float* x, float* xb, float* hb, float* hb2) {
-  const ModelConfig& c = m.config;
-  for (int r = 0; r < t; ++r) rmsnorm(xb + r * c.dim, x + r * c.dim, L.ffn_norm, c.dim, c.norm_eps);
-  matmul(xb, t, c.dim, L.w1, c.hidden_dim, hb);
-  matmul(xb, t, c.dim, L.w3, c.hidden_dim, hb2);
-  const std::size_t n = static_cast<std::size_t>(t) * c.hidden_dim;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = hb[i];
-    hb[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2[i];
-  }
-  matmul(hb, t, c.hidden_dim, L.w2, c.dim, xb);
-  for (std::size_t i = 0; i < static_cast<std::size_t>(t) * c.dim; ++i) x[i] += xb[i];
+void check_chunk(const Engine& e, int32_t cached, std::span<const int32_t> tokens, std::span<float> logits_out,
+                 bool all_logits) {
+  const ModelConfig& c = e.model().config;
+  if (tokens.empty()) throw Error("tokens", "at least one token", "0");
+  if (static_cast<int64_t>(cached) + static_cast<int64_t>(tokens.size()) > e.max_context())
+    throw Error("tokens", "at most " + std::to_string(e.max_context() - cached) + " tokens (context " +
+                              std::to_string(e.max_context()) + ", " + std::to_string(cached) + " cached)",
+                std::to_string(tokens.size()));
+  check_tokens(tokens, c.vocab_size);
+  const std::size_t want = logits_out.empty() ? 0 : (all_logits ? tokens.size() : 1) * static_cast<std::size_t>(c.vocab_size);
+  if (!logits_out.empty() && logits_out.size() != want)
+    throw Error("logits_out", std::to_string(want) + " floats", std::to_string(logits_out.size()));
 }
 }  // namespace
 
 void Engine::prefill(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits) {
-  const Model& m = model_;
-  const ModelConfig& c = m.config;
   if (length(seq) != 0) throw Error("seq", "an empty sequence for prefill", std::to_string(length(seq)) + " cached tokens");
-  if (tokens.empty()) throw Error("tokens", "at least one token", "0");
-  if (tokens.size() > static_cast<std::size_t>(impl_->max_context))
-    throw Error("prompt", "at most max_context = " + std::to_string(impl_->max_context) + " tokens", std::to_string(tokens.size()));
-  check_tokens(tokens, c.vocab_size);
+  if (tokens.size() > static_cast<std::size_t>(max_context()))
+    throw Error("prompt", "at most " + std::to_string(max_context()) + " tokens (the context)", std::to_string(tokens.size()));
+  check_chunk(*this, 0, tokens, logits_out, all_logits);
   const int t = static_cast<int>(tokens.size());
-  const std::size_t want = logits_out.empty() ? 0 : static_cast<std::size_t>(all_logits ? t : 1) * c.vocab_size;
-  if (!logits_out.empty() && logits_out.size() != want)
-    throw Error("logits_out", std::to_string(want) + " floats", std::to_string(logits_out.size()));
-  Impl& s = *impl_;
-  s.resize(c, t);
-  const int D = c.dim, Qd = c.num_heads * c.head_dim, KVd = c.kv_dim();
-  for (int r = 0; r < t; ++r)
-    std::memcpy(&s.x[static_cast<std::size_t>(r) * D], m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
-                sizeof(float) * static_cast<std::size_t>(D));
-  AttentionOptions opts;
-  opts.causal = true;
-  opts.num_threads = s.attention_threads;
-  for (int32_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
-    for (int r = 0; r < t; ++r) rmsnorm(&s.xb[static_cast<std::size_t>(r) * D], &s.x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
-    matmul(s.xb.data(), t, D, L.wq, Qd, s.q.data());
-    matmul(s.xb.data(), t, D, L.wk, KVd, s.k.data());
-    matmul(s.xb.data(), t, D, L.wv, KVd, s.v.data());
-    for (int r = 0; r < t; ++r) {
-      s.rope(&s.q[static_cast<std::size_t>(r) * Qd], c.num_heads, c.head_dim, r);
-      s.rope(&s.k[static_cast<std::size_t>(r) * KVd], c.num_heads_kv, c.head_dim, r);
-    }
-    auto qv = TensorView::contiguous(s.q.data(), DType::float32, {1, t, c.num_heads, c.head_dim});
-    auto kv = TensorView::contiguous(s.k.data(), DType::float32, {1, t, c.num_heads_kv, c.head_dim});
-    auto vv = TensorView::contiguous(s.v.data(), DType::float32, {1, t, c.num_heads_kv, c.head_dim});
-    auto ov = TensorView::contiguous(s.att.data(), DType::float32, {1, t, c.num_heads, c.head_dim});
-    attention_forward(qv, kv, vv, ov, nullptr, opts);
-    s.cache.append(seq, l, TensorView::contiguous(s.k.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}),
-                   TensorView::contiguous(s.v.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}));
-    matmul(s.att.data(), t, Qd, L.wo, D, s.xb.data());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) s.x[i] += s.xb[i];
-    ffn(m, L, t, s.x.data(), s.xb.data(), s.hb.data(), s.hb2.data());
-  }
+  const Impl::Segment seg{seq, 0, t, 0};
+  impl_->forward(model_, {&seg, 1}, tokens, /*fresh_attention=*/true);
   if (logits_out.empty()) return;
   const int first = all_logits ? 0 : t - 1;
-  classify(m, &s.x[static_cast<std::size_t>(first) * D], t - first, s.xb.data(), logits_out.data());
+  impl_->classify(model_, first, t - first, logits_out.data());
 }
 
 void Engine::extend(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits) {
-  const Model& m = model_;
-  const ModelConfig& c = m.config;
-  const int32_t pos0 = length(seq);
-  if (tokens.empty()) throw Error("tokens", "at least one token", "0");
-  if (static_cast<int64_t>(pos0) + static_cast<int64_t>(tokens.size()) > impl_->max_context)
-    throw Error("tokens", "at most max_context - cached = " + std::to_string(impl_->max_context - pos0) + " tokens",
-                std::to_string(tokens.size()) + " (" + std::to_string(pos0) + " already cached)");
-  check_tokens(tokens, c.vocab_size);
+  const int32_t cached = length(seq);
+  check_chunk(*this, cached, tokens, logits_out, all_logits);
   const int t = static_cast<int>(tokens.size());
-  const std::size_t want = logits_out.empty() ? 0 : static_cast<std::size_t>(all_logits ? t : 1) * c.vocab_size;
-  if (!logits_out.empty() && logits_out.size() != want)
-    throw Error("logits_out", std::to_string(want) + " floats", std::to_string(logits_out.size()));
-  Impl& s = *impl_;
-  s.resize(c, t);
-  const int D = c.dim, Qd = c.num_heads * c.head_dim, KVd = c.kv_dim();
-  for (int r = 0; r < t; ++r)
-    std::memcpy(&s.x[static_cast<std::size_t>(r) * D], m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
-                sizeof(float) * static_cast<std::size_t>(D));
-  KVAttentionOptions kv_opts;
-  kv_opts.num_threads = s.attention_threads;
-  const int64_t ids[1] = {seq};
-  const int32_t cu[2] = {0, t};
-  for (int32_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
-    for (int r = 0; r < t; ++r) rmsnorm(&s.xb[static_cast<std::size_t>(r) * D], &s.x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
-    matmul(s.xb.data(), t, D, L.wq, Qd, s.q.data());
-    matmul(s.xb.data(), t, D, L.wk, KVd, s.k.data());
-    matmul(s.xb.data(), t, D, L.wv, KVd, s.v.data());
-    for (int r = 0; r < t; ++r) {
-      s.rope(&s.q[static_cast<std::size_t>(r) * Qd], c.num_heads, c.head_dim, pos0 + r);
-      s.rope(&s.k[static_cast<std::size_t>(r) * KVd], c.num_heads_kv, c.head_dim, pos0 + r);
-    }
-    s.cache.append(seq, l, TensorView::contiguous(s.k.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}),
-                   TensorView::contiguous(s.v.data(), DType::float32, {t, c.num_heads_kv, c.head_dim}));
-    s.cache.attention(ids, cu, l, TensorView::contiguous(s.q.data(), DType::float32, {t, c.num_heads, c.head_dim}),
-                      TensorView::contiguous(s.att.data(), DType::float32, {t, c.num_heads, c.head_dim}), nullptr,
-                      kv_opts);
-    matmul(s.att.data(), t, Qd, L.wo, D, s.xb.data());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) s.x[i] += s.xb[i];
-    ffn(m, L, t, s.x.data(), s.xb.data(), s.hb.data(), s.hb2.data());
-  }
+  const Impl::Segment seg{seq, cached, t, 0};
+  impl_->forward(model_, {&seg, 1}, tokens, /*fresh_attention=*/false);
   if (logits_out.empty()) return;
   const int first = all_logits ? 0 : t - 1;
-  classify(m, &s.x[static_cast<std::size_t>(first) * D], t - first, s.xb.data(), logits_out.data());
+  impl_->classify(model_, first, t - first, logits_out.data());
 }
 
 void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> tokens, std::span<float> logits_out) {
-  const Model& m = model_;
-  const ModelConfig& c = m.config;
+  const ModelConfig& c = model_.config;
   if (seqs.empty()) throw Error("seqs", "at least one sequence", "0");
   if (tokens.size() != seqs.size())
     throw Error("tokens", std::to_string(seqs.size()) + " tokens (one per sequence)", std::to_string(tokens.size()));
@@ -301,49 +340,18 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
     throw Error("logits_out", std::to_string(seqs.size() * static_cast<std::size_t>(c.vocab_size)) + " floats",
                 std::to_string(logits_out.size()));
   check_tokens(tokens, c.vocab_size);
-  const int b = static_cast<int>(seqs.size());
-  std::vector<int32_t> pos(seqs.size());
-  std::vector<int64_t> ids(seqs.size());
+  std::vector<Impl::Segment> segs(seqs.size());
   for (std::size_t i = 0; i < seqs.size(); ++i) {
-    pos[i] = length(seqs[i]);
-    ids[i] = seqs[i];
-    if (pos[i] >= impl_->max_context)
-      throw Error("seqs[" + std::to_string(i) + "]", "a sequence shorter than max_context = " + std::to_string(impl_->max_context),
-                  std::to_string(pos[i]) + " cached tokens (context full)");
+    const int32_t pos = length(seqs[i]);
+    if (pos >= max_context())
+      throw Error("seqs[" + std::to_string(i) + "]", "a sequence shorter than the context " + std::to_string(max_context()),
+                  std::to_string(pos) + " cached tokens (context full)");
     for (std::size_t j = 0; j < i; ++j)
       if (seqs[j] == seqs[i]) throw Error("seqs", "distinct sequence ids", "id " + std::to_string(seqs[i]) + " twice");
+    segs[i] = {seqs[i], pos, 1, static_cast<int32_t>(i)};
   }
-  Impl& s = *impl_;
-  s.resize(c, b);
-  const int D = c.dim, Qd = c.num_heads * c.head_dim, KVd = c.kv_dim();
-  for (int r = 0; r < b; ++r)
-    std::memcpy(&s.x[static_cast<std::size_t>(r) * D], m.token_embedding + static_cast<std::size_t>(tokens[static_cast<std::size_t>(r)]) * D,
-                sizeof(float) * static_cast<std::size_t>(D));
-  KVAttentionOptions kv_opts;
-  kv_opts.num_threads = s.attention_threads;
-  std::vector<int32_t> cu(seqs.size() + 1);
-  for (int r = 0; r <= b; ++r) cu[static_cast<std::size_t>(r)] = r;
-  for (int32_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
-    for (int r = 0; r < b; ++r) rmsnorm(&s.xb[static_cast<std::size_t>(r) * D], &s.x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
-    matmul(s.xb.data(), b, D, L.wq, Qd, s.q.data());
-    matmul(s.xb.data(), b, D, L.wk, KVd, s.k.data());
-    matmul(s.xb.data(), b, D, L.wv, KVd, s.v.data());
-    for (int r = 0; r < b; ++r) {
-      s.rope(&s.q[static_cast<std::size_t>(r) * Qd], c.num_heads, c.head_dim, pos[static_cast<std::size_t>(r)]);
-      s.rope(&s.k[static_cast<std::size_t>(r) * KVd], c.num_heads_kv, c.head_dim, pos[static_cast<std::size_t>(r)]);
-      s.cache.append(ids[static_cast<std::size_t>(r)], l,
-                     TensorView::contiguous(&s.k[static_cast<std::size_t>(r) * KVd], DType::float32, {1, c.num_heads_kv, c.head_dim}),
-                     TensorView::contiguous(&s.v[static_cast<std::size_t>(r) * KVd], DType::float32, {1, c.num_heads_kv, c.head_dim}));
-    }
-    s.cache.attention(ids, cu, l, TensorView::contiguous(s.q.data(), DType::float32, {b, c.num_heads, c.head_dim}),
-                      TensorView::contiguous(s.att.data(), DType::float32, {b, c.num_heads, c.head_dim}), nullptr,
-                      kv_opts);
-    matmul(s.att.data(), b, Qd, L.wo, D, s.xb.data());
-    for (std::size_t i = 0; i < static_cast<std::size_t>(b) * D; ++i) s.x[i] += s.xb[i];
-    ffn(m, L, b, s.x.data(), s.xb.data(), s.hb.data(), s.hb2.data());
-  }
-  classify(m, s.x.data(), b, s.xb.data(), logits_out.data());
+  impl_->forward(model_, segs, tokens, /*fresh_attention=*/false);
+  impl_->classify(model_, 0, static_cast<int>(seqs.size()), logits_out.data());
 }
 
 }  // namespace flashkv

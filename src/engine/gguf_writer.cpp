@@ -1,4 +1,5 @@
-// GGUF v3 writer (`flashkv convert --to gguf`): llama-architecture metadata, the llama vocabulary and every tensor
+// GGUF v3 writer (`flashkv convert --to gguf`): llama-architecture metadata, the vocabulary (SentencePiece "llama" or
+// byte-level BPE "gpt2") and every tensor
 // in F32 / F16 / BF16 / Q8_0 (Q8_0: per block of 32 values d = amax/127 stored as fp16, q = round(x/d)).
 #include <algorithm>
 #include <cmath>
@@ -81,6 +82,8 @@ std::vector<uint8_t> encode_tensor(const PendingTensor& t) {
       }
       break;
     }
+    default:
+      throw Error("type", "f32, f16, bf16 or q8_0 (the types the writer produces)", gguf_type_name(static_cast<uint32_t>(t.type)));
   }
   return out;
 }
@@ -119,56 +122,71 @@ void write_gguf(const Model& model, const Tokenizer& tokenizer, const std::strin
   vec("output_norm.weight", model.final_norm);
   if (!c.shared_classifier) mat("output.weight", D, V, model.classifier);
 
-  Buffer b;
-  b.bytes.insert(b.bytes.end(), {'G', 'G', 'U', 'F'});
-  b.put<uint32_t>(kGgufVersion);
-  b.put<uint64_t>(ts.size());
-  const uint64_t n_kv = 19;
-  b.put<uint64_t>(n_kv);
-  auto kv_str = [&](const std::string& k, const std::string& v) { b.key(k, GgufValueType::string); b.str(v); };
-  auto kv_u32 = [&](const std::string& k, uint32_t v) { b.key(k, GgufValueType::u32); b.put<uint32_t>(v); };
-  auto kv_f32 = [&](const std::string& k, float v) { b.key(k, GgufValueType::f32); b.put<float>(v); };
-  kv_str("general.architecture", "llama");                                   // 1
-  kv_str("general.name", "flashkv-convert");                                 // 2
-  kv_u32("general.alignment", static_cast<uint32_t>(kGgufDefaultAlignment)); // 3
-  kv_u32("llama.context_length", static_cast<uint32_t>(c.seq_len));          // 4
-  kv_u32("llama.embedding_length", static_cast<uint32_t>(c.dim));            // 5
-  kv_u32("llama.block_count", static_cast<uint32_t>(c.n_layers));            // 6
-  kv_u32("llama.feed_forward_length", static_cast<uint32_t>(c.hidden_dim));  // 7
-  kv_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));  // 8
-  kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_heads_kv));  // 9
-  kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim));   // 10
-  kv_f32("llama.rope.freq_base", c.rope_theta);                              // 11
-  kv_f32("llama.attention.layer_norm_rms_epsilon", c.norm_eps);              // 12
-  kv_str("tokenizer.ggml.model", "llama");                                   // 13
-  b.key("tokenizer.ggml.tokens", GgufValueType::array);                      // 14
-  b.put<uint32_t>(static_cast<uint32_t>(GgufValueType::string));
-  b.put<uint64_t>(static_cast<uint64_t>(tokenizer.vocab_size()));
-  for (int32_t i = 0; i < tokenizer.vocab_size(); ++i) {
+  Buffer meta;  // metadata entries, counted as written
+  uint64_t n_kv = 0;
+  auto key = [&](const std::string& k, GgufValueType t) { meta.key(k, t); ++n_kv; };
+  auto kv_str = [&](const std::string& k, const std::string& v) { key(k, GgufValueType::string); meta.str(v); };
+  auto kv_u32 = [&](const std::string& k, uint32_t v) { key(k, GgufValueType::u32); meta.put<uint32_t>(v); };
+  auto kv_f32 = [&](const std::string& k, float v) { key(k, GgufValueType::f32); meta.put<float>(v); };
+  auto kv_bool = [&](const std::string& k, bool v) { key(k, GgufValueType::boolean); meta.put<uint8_t>(v ? 1 : 0); };
+  auto kv_strings = [&](const std::string& k, const std::vector<std::string>& v) {
+    key(k, GgufValueType::array);
+    meta.put<uint32_t>(static_cast<uint32_t>(GgufValueType::string));
+    meta.put<uint64_t>(v.size());
+    for (const auto& x : v) meta.str(x);
+  };
+  kv_str("general.architecture", "llama");
+  kv_str("general.name", "flashkv-convert");
+  kv_u32("general.alignment", static_cast<uint32_t>(kGgufDefaultAlignment));
+  kv_u32("llama.context_length", static_cast<uint32_t>(c.seq_len));
+  kv_u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
+  kv_u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
+  kv_u32("llama.feed_forward_length", static_cast<uint32_t>(c.hidden_dim));
+  kv_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
+  kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_heads_kv));
+  kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  kv_f32("llama.rope.freq_base", c.rope_theta);
+  kv_f32("llama.attention.layer_norm_rms_epsilon", c.norm_eps);
+  const int32_t nv = tokenizer.vocab_size();
+  std::vector<std::string> toks(static_cast<std::size_t>(nv));
+  const bool bpe = tokenizer.kind() == TokenizerKind::gpt2_bpe;
+  for (int32_t i = 0; i < nv; ++i) {
+    if (bpe) { toks[static_cast<std::size_t>(i)] = tokenizer.piece(i); continue; }
     std::string p;
     for (char ch : tokenizer.piece(i)) {
       if (ch == ' ') p += kSentencePieceSpace; else p += ch;
     }
-    b.str(p);
+    toks[static_cast<std::size_t>(i)] = std::move(p);
   }
-  b.key("tokenizer.ggml.scores", GgufValueType::array);                      // 15
-  b.put<uint32_t>(static_cast<uint32_t>(GgufValueType::f32));
-  b.put<uint64_t>(static_cast<uint64_t>(tokenizer.vocab_size()));
-  for (int32_t i = 0; i < tokenizer.vocab_size(); ++i) b.put<float>(tokenizer.score(i));
-  b.key("tokenizer.ggml.token_type", GgufValueType::array);                  // 16
-  b.put<uint32_t>(static_cast<uint32_t>(GgufValueType::i32));
-  b.put<uint64_t>(static_cast<uint64_t>(tokenizer.vocab_size()));
-  for (int32_t i = 0; i < tokenizer.vocab_size(); ++i) {
-    const std::string& p = tokenizer.piece(i);
-    int32_t t = kTokNormal;
-    if (i == tokenizer.unk_id()) t = kTokUnknown;
-    else if (i == tokenizer.bos_id() || i == tokenizer.eos_id()) t = kTokControl;
-    else if (p.size() == 6 && p.rfind("<0x", 0) == 0 && p[5] == '>') t = kTokByte;
-    b.put<int32_t>(t);
+  kv_str("tokenizer.ggml.model", bpe ? "gpt2" : "llama");
+  if (bpe) kv_str("tokenizer.ggml.pre", tokenizer.pre_tokenizer());
+  kv_strings("tokenizer.ggml.tokens", toks);
+  if (bpe) {
+    kv_strings("tokenizer.ggml.merges", tokenizer.merges());
+  } else {
+    key("tokenizer.ggml.scores", GgufValueType::array);
+    meta.put<uint32_t>(static_cast<uint32_t>(GgufValueType::f32));
+    meta.put<uint64_t>(static_cast<uint64_t>(nv));
+    for (int32_t i = 0; i < nv; ++i) meta.put<float>(tokenizer.score(i));
   }
-  kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(tokenizer.bos_id()));      // 17
-  kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tokenizer.eos_id()));      // 18
-  kv_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(tokenizer.unk_id()));  // 19
+  key("tokenizer.ggml.token_type", GgufValueType::array);
+  meta.put<uint32_t>(static_cast<uint32_t>(GgufValueType::i32));
+  meta.put<uint64_t>(static_cast<uint64_t>(nv));
+  for (int32_t i = 0; i < nv; ++i) meta.put<int32_t>(static_cast<int32_t>(tokenizer.token_type(i)));
+  if (tokenizer.bos_id() >= 0) kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(tokenizer.bos_id()));
+  if (tokenizer.eos_id() >= 0) kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tokenizer.eos_id()));
+  if (tokenizer.unk_id() >= 0) kv_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(tokenizer.unk_id()));
+  if (bpe) {
+    kv_bool("tokenizer.ggml.add_bos_token", tokenizer.add_bos());
+    if (!tokenizer.chat_template().empty()) kv_str("tokenizer.chat_template", tokenizer.chat_template());
+  }
+
+  Buffer b;
+  b.bytes.insert(b.bytes.end(), {'G', 'G', 'U', 'F'});
+  b.put<uint32_t>(kGgufVersion);
+  b.put<uint64_t>(ts.size());
+  b.put<uint64_t>(n_kv);
+  b.bytes.insert(b.bytes.end(), meta.bytes.begin(), meta.bytes.end());
 
   std::vector<std::vector<uint8_t>> payloads;
   uint64_t offset = 0;

@@ -1,5 +1,4 @@
 // Model-level helpers: configuration validation, format detection, names.
-#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
@@ -74,12 +73,6 @@ Model load_model(const std::string& path) {
   return load_llama2c(path);
 }
 
-std::string models_dir(const std::string& default_dir) {
-  const char* env = std::getenv("FLASHKV_MODELS_DIR");
-  if (env != nullptr && env[0] != '\0') return env;
-  return default_dir;
-}
-
 }  // namespace flashkv
 
 namespace flashkv {
@@ -98,6 +91,21 @@ LoadedModel load_model_with_tokenizer(const std::string& model_path, const std::
   if (lm.tokenizer->vocab_size() != vocab)
     throw IoError("flashkv: tokenizer has " + std::to_string(lm.tokenizer->vocab_size()) + " pieces, model vocab_size is " +
                   std::to_string(vocab));
+  return lm;
+}
+
+std::shared_ptr<const Tokenizer> load_named_tokenizer(const std::string& name_or_path, const std::string& tokenizer_path) {
+  const ResolvedModel r = resolve_model(name_or_path, tokenizer_path);
+  if (r.tokenizer_path.empty()) return load_gguf_vocabulary(r.model_path);
+  // A llama2.c tokenizer file does not store its size: take it from the model's header.
+  const int32_t vocab = load_model(r.model_path).config.vocab_size;
+  return std::make_shared<const Tokenizer>(Tokenizer::load_llama2c(r.tokenizer_path, vocab));
+}
+
+LoadedModel load_named_model(const std::string& name_or_path, const std::string& tokenizer_path) {
+  const ResolvedModel r = resolve_model(name_or_path, tokenizer_path);
+  LoadedModel lm = load_model_with_tokenizer(r.model_path, r.tokenizer_path);
+  lm.alias = r.alias;
   return lm;
 }
 

@@ -1,12 +1,15 @@
-// llama2.c / SentencePiece-BPE tokenizer: encode by greedy highest-score merges with byte fallback, decode with the
-// BOS leading-space rule and <0xXX> byte pieces (llama2.c run.c semantics).
+// Tokenizer: the shared parts (lookup, decode, accessors) and the llama2.c / SentencePiece-BPE algorithm: encode by
+// greedy highest-score merges with byte fallback, decode with the BOS leading-space rule and <0xXX> byte pieces
+// (llama2.c run.c semantics). The byte-level BPE lives in tokenizer_bpe.cpp.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 
 #include "engine/byte_reader.hpp"
-#include "flashkv/engine.hpp"
+#include "engine/tokenizer_bpe.hpp"
+#include "flashkv/error.hpp"
+#include "flashkv/tokenizer.hpp"
 
 namespace flashkv {
 using engine_detail::ByteReader;
@@ -25,11 +28,13 @@ int byte_piece_value(const std::string& p) {
   int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
+const std::string kEmpty;
 }  // namespace
 
 Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, int32_t bos_id, int32_t eos_id,
                      int32_t unk_id)
-    : pieces_(std::move(pieces)), scores_(std::move(scores)), bos_id_(bos_id), eos_id_(eos_id), unk_id_(unk_id) {
+    : kind_(TokenizerKind::llama2c_spm), pieces_(std::move(pieces)), scores_(std::move(scores)), bos_id_(bos_id),
+      eos_id_(eos_id), unk_id_(unk_id), add_bos_(true) {
   const auto n = static_cast<int32_t>(pieces_.size());
   if (n == 0) throw Error("pieces", "a non-empty vocabulary", "0 pieces");
   if (scores_.size() != pieces_.size())
@@ -45,6 +50,9 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
     int b = byte_piece_value(pieces_[static_cast<std::size_t>(i)]);
     if (b >= 0) byte_ids_[static_cast<std::size_t>(b)] = i;
   }
+  eog_ = {bos_id_, eos_id_};
+  std::sort(eog_.begin(), eog_.end());
+  eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 }
 
 int32_t Tokenizer::lookup(std::string_view piece) const {
@@ -54,6 +62,20 @@ int32_t Tokenizer::lookup(std::string_view piece) const {
   if (it != sorted_.end() && pieces_[static_cast<std::size_t>(*it)] == piece) return *it;
   return -1;
 }
+
+TokenType Tokenizer::token_type(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw Error("token", "an id in [0, " + std::to_string(vocab_size()) + ")", std::to_string(id));
+  if (bpe_) return bpe_->types[static_cast<std::size_t>(id)];
+  if (id == unk_id_) return TokenType::unknown;
+  if (id == bos_id_ || id == eos_id_) return TokenType::control;
+  if (byte_piece_value(pieces_[static_cast<std::size_t>(id)]) >= 0) return TokenType::byte;
+  return TokenType::normal;
+}
+
+const std::string& Tokenizer::pre_tokenizer() const { return bpe_ ? bpe_->pre : kEmpty; }
+const std::string& Tokenizer::chat_template() const { return bpe_ ? bpe_->chat_template : kEmpty; }
+std::vector<std::string> Tokenizer::merges() const { return bpe_ ? bpe_->merges : std::vector<std::string>{}; }
 
 Tokenizer Tokenizer::from_llama2c_bytes(std::span<const uint8_t> bytes, int32_t vocab_size, const std::string& source) {
   if (vocab_size <= 0 || vocab_size > (1 << 22))
@@ -88,6 +110,9 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, int32_t vocab_size) {
 }
 
 void Tokenizer::write_llama2c(const std::string& path) const {
+  if (kind_ != TokenizerKind::llama2c_spm)
+    throw Error("tokenizer", "a SentencePiece (llama2.c) vocabulary for the llama2.c tokenizer format",
+                "a byte-level BPE vocabulary");
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw IoError("flashkv: cannot open '" + path + "' for writing");
   int32_t max_len = 1;
@@ -102,9 +127,22 @@ void Tokenizer::write_llama2c(const std::string& path) const {
   if (!out) throw IoError("flashkv: failed writing '" + path + "'");
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos, bool parse_special) const {
   std::vector<int32_t> tokens;
-  if (bos) tokens.push_back(bos_id_);
+  if (bos) {
+    if (bos_id_ < 0) throw Error("bos", "a vocabulary with a BOS token", "none (tokenizer.ggml.bos_token_id absent)");
+    tokens.push_back(bos_id_);
+  }
+  std::vector<int32_t> body = bpe_ ? bpe_->encode(text, parse_special) : encode_spm(text);
+  tokens.insert(tokens.end(), body.begin(), body.end());
+  if (eos) {
+    if (eos_id_ < 0) throw Error("eos", "a vocabulary with an EOS token", "none (tokenizer.ggml.eos_token_id absent)");
+    tokens.push_back(eos_id_);
+  }
+  return tokens;
+}
+
+std::vector<int32_t> Tokenizer::encode_spm(std::string_view text) const {
   std::vector<int32_t> body;
   if (!text.empty()) {
     int32_t prefix = lookup(" ");
@@ -153,14 +191,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos
     body[best_idx] = best_id;
     body.erase(body.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
   }
-  tokens.insert(tokens.end(), body.begin(), body.end());
-  if (eos) tokens.push_back(eos_id_);
-  return tokens;
+  return body;
 }
 
 std::string Tokenizer::decode_piece(int32_t prev_token, int32_t token) const {
   if (token < 0 || token >= vocab_size())
     throw Error("token", "an id in [0, " + std::to_string(vocab_size()) + ")", std::to_string(token));
+  if (bpe_) return bpe_->decoded[static_cast<std::size_t>(token)];
   const std::string& p = pieces_[static_cast<std::size_t>(token)];
   int b = byte_piece_value(p);
   if (b >= 0) return std::string(1, static_cast<char>(b));
@@ -176,6 +213,19 @@ std::string Tokenizer::decode(std::span<const int32_t> tokens) const {
     prev = t;
   }
   return out;
+}
+
+std::vector<uint8_t> Tokenizer::unrepresentable_bytes() const {
+  std::vector<uint8_t> out;
+  if (bpe_)
+    for (int b = 0; b < 256; ++b)
+      if (bpe_->byte_token[static_cast<std::size_t>(b)] == Bpe::kNoToken) out.push_back(static_cast<uint8_t>(b));
+  return out;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  if (!bpe_) throw Error("tokenizer", "a byte-level BPE vocabulary (pre_tokenize)", "a SentencePiece vocabulary");
+  return bpe_->pre_tokenize(text);
 }
 
 }  // namespace flashkv

@@ -9,7 +9,7 @@
 
 namespace flashkv::eval {
 
-/// Whether this tokenizer's prompts start with BOS (llama2.c: always).
+/// Whether this tokenizer's prompts start with BOS (llama2.c: yes; SmolLM2: no).
 bool tokenizer_adds_bos(const Tokenizer& tok);
 
 /// Tokens of a one-turn chat prompt: `user` as the user message and `answer_prefix` as the start of the assistant's
@@ -19,7 +19,7 @@ std::vector<int32_t> chat_prompt_tokens(const LoadedModel& lm, const std::string
 /// Whether the model renders prompts in a chat template (ChatML GGUFs).
 bool has_chat_template(const LoadedModel& lm);
 
-/// Tokens at which a generated answer ends (llama2.c: BOS and EOS).
+/// Tokens at which a generated answer ends (Model::stop_tokens: llama2.c BOS and EOS; SmolLM2 <|im_end|>, <|endoftext|>).
 std::vector<int32_t> stop_tokens(const LoadedModel& lm);
 
 }  // namespace flashkv::eval

@@ -225,6 +225,7 @@ TEST(Engine, QuantizedCacheChangesLogitsBoundedly) {
 }
 
 TEST(Engine, ShippedModelGreedyFromBos) {
+  FLASHKV_REQUIRE_SHIPPED_MODEL();
   LoadedModel lm = load_model_with_tokenizer(model_path(), tokenizer_path());
   Engine e(lm.model, KVCacheSpec{}, 1);
   Sampler greedy(SamplerConfig{});
@@ -279,4 +280,113 @@ TEST(Engine, Errors) {
   Sampler s(SamplerConfig{});
   EXPECT_THROW(generate(e, std::vector<int32_t>{1}, 0, s), Error);
   EXPECT_THROW(generate(e, std::vector<int32_t>(41, 1), 3, s), Error);
+}
+
+TEST(Engine, ChunkedExtendThroughTheCacheMatchesReference) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 11);
+  const auto tokens = random_tokens(37, c.vocab_size, test_seed() + 12);
+  const auto ref = reference_logits(m, tokens);
+  // fp32 cache: any chunking (first chunk through extend or prefill) computes the same function.
+  for (const std::vector<int>& chunks : {std::vector<int>{37}, {5, 13, 1, 18}, {1, 1, 35}}) {
+    for (bool first_prefill : {false, true}) {
+      Engine e(m, KVCacheSpec{}, 2);
+      const int32_t other = e.add_sequence();  // a second, unrelated sequence in the same cache
+      e.prefill(other, random_tokens(9, c.vocab_size, 5), {});
+      const int32_t s = e.add_sequence();
+      std::vector<float> got;
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < chunks.size(); ++k) {
+        const std::span<const int32_t> chunk(tokens.data() + at, static_cast<std::size_t>(chunks[k]));
+        std::vector<float> l(chunk.size() * c.vocab_size);
+        if (k == 0 && first_prefill) e.prefill(s, chunk, l, true);
+        else e.extend(s, chunk, l, true);
+        got.insert(got.end(), l.begin(), l.end());
+        at += chunk.size();
+      }
+      EXPECT_EQ(e.length(s), 37);
+      EXPECT_EQ(e.length(other), 9);
+      EXPECT_LT(max_abs_diff(got, ref), 2e-4) << chunks.size() << " chunks, prefill first " << first_prefill;
+      // last-token logits only
+      std::vector<float> last(c.vocab_size);
+      e.extend(s, std::vector<int32_t>{tokens[0]}, last);
+      EXPECT_EQ(e.length(s), 38);
+    }
+  }
+}
+
+TEST(Engine, ExtendReadsTheQuantizedHistory) {
+  // With a quantized cache, extend() attends over the quantized values (prefill() over the fresh float32 ones): the
+  // chunked logits must equal token-by-token decode through the same cache, and differ from prefill's.
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 21);
+  const auto tokens = random_tokens(24, c.vocab_size, test_seed() + 22);
+  KVCacheSpec spec;
+  spec.kv_cache_dtype = "int4";
+  Engine e(m, spec, 3);
+  const int32_t a = e.add_sequence(), b = e.add_sequence(), p = e.add_sequence();
+  std::vector<float> chunked(tokens.size() * c.vocab_size), stepped, prefilled(tokens.size() * c.vocab_size);
+  e.extend(a, std::span<const int32_t>(tokens).subspan(0, 10), std::span<float>(chunked).subspan(0, 10 * c.vocab_size), true);
+  e.extend(a, std::span<const int32_t>(tokens).subspan(10), std::span<float>(chunked).subspan(10 * c.vocab_size), true);
+  std::vector<float> one(c.vocab_size);
+  for (int32_t t : tokens) {
+    e.decode(std::vector<int32_t>{b}, std::vector<int32_t>{t}, one);
+    stepped.insert(stepped.end(), one.begin(), one.end());
+  }
+  e.prefill(p, tokens, prefilled, true);
+  double d_step = 0, d_prefill = 0;
+  for (std::size_t i = 0; i < chunked.size(); ++i) {
+    d_step = std::max(d_step, static_cast<double>(std::fabs(chunked[i] - stepped[i])));
+    d_prefill = std::max(d_prefill, static_cast<double>(std::fabs(chunked[i] - prefilled[i])));
+  }
+  EXPECT_LT(d_step, 1e-4);
+  EXPECT_GT(d_prefill, 1e-3);
+}
+
+TEST(Engine, MaxContextAndExtendErrors) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, 2);
+  EXPECT_THROW(Engine(m, KVCacheSpec{}, 1, c.seq_len + 1), Error);
+  EXPECT_THROW(Engine(m, KVCacheSpec{}, 1, -1), Error);
+  Engine e(m, KVCacheSpec{}, 1, 16);
+  EXPECT_EQ(e.max_context(), 16);
+  const int32_t s = e.add_sequence();
+  std::vector<float> l(c.vocab_size);
+  e.extend(s, std::vector<int32_t>(10, 1), l);
+  EXPECT_THROW(e.extend(s, std::vector<int32_t>(7, 1), l), Error);  // 10 + 7 > 16
+  EXPECT_THROW(e.extend(s, std::vector<int32_t>{}, l), Error);
+  EXPECT_THROW(e.extend(s, std::vector<int32_t>{99}, l), Error);
+  EXPECT_THROW(e.extend(s, std::vector<int32_t>{1, 2}, std::span<float>(l.data(), 3)), Error);
+  e.extend(s, std::vector<int32_t>(6, 1), l);
+  EXPECT_THROW(e.decode(std::vector<int32_t>{s}, std::vector<int32_t>{1}, l), Error);  // full
+  // generate_in on a full sequence, generate with a prompt over the context: errors naming the prompt
+  Sampler g(SamplerConfig{});
+  EXPECT_THROW(generate_in(e, s, std::vector<int32_t>{1}, g, GenerateOptions{}), Error);
+  EXPECT_THROW(generate(e, std::vector<int32_t>(17, 1), 2, g), Error);
+}
+
+TEST(Engine, GenerateInContinuesAConversationAndStopTokens) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 31);
+  // Make every token a stop token except the prompt: generation stops at once; ignore_stop_tokens runs all steps.
+  m.stop_tokens.clear();
+  for (int32_t t = 0; t < c.vocab_size; ++t) m.stop_tokens.push_back(t);
+  m.bos_token = -1;
+  Engine e(m, KVCacheSpec{}, 1);
+  const int32_t s = e.add_sequence();
+  Sampler g(SamplerConfig{});
+  GenerateOptions o;
+  o.steps = 5;
+  GenerationResult r = generate_in(e, s, std::vector<int32_t>{1, 2, 3}, g, o);
+  EXPECT_EQ(r.stop, StopReason::eos);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_GE(r.stop_token, 0);
+  EXPECT_EQ(e.length(s), 3);
+  o.ignore_stop_tokens = true;
+  o.keep_logits = true;
+  r = generate_in(e, s, std::vector<int32_t>{4}, g, o);  // continues the same sequence through extend()
+  EXPECT_EQ(r.tokens.size(), 5u);
+  EXPECT_EQ(r.logits.size(), 5u);
+  EXPECT_EQ(r.stop, StopReason::steps);
+  EXPECT_EQ(e.length(s), 3 + 1 + 4);  // the last sampled token is not fed
 }

@@ -16,6 +16,8 @@ MODELS = os.environ.get("FLASHKV_MODELS_DIR",
                         os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
 MODEL = os.path.join(MODELS, "aidreams260K.bin")
 TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
+pytestmark = pytest.mark.skipif(not (os.path.exists(MODEL) and os.path.exists(TOK)),
+                                reason=f"shipped test model missing ({MODEL}): set FLASHKV_MODELS_DIR")
 PROMPTS = ["", "The machine dreams of", "Echoes of light"]
 
 

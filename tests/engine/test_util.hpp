@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "flashkv/engine.hpp"
+#include "flashkv/error.hpp"
 
 namespace flashkv::test {
 
@@ -19,6 +22,20 @@ namespace flashkv::test {
 inline std::string model_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
 inline std::string model_path() { return model_dir() + "/aidreams260K.bin"; }
 inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512.bin"; }
+
+/// True when the shipped 260K model and its tokenizer are present.
+inline bool shipped_model_present() {
+  return std::filesystem::is_regular_file(model_path()) && std::filesystem::is_regular_file(tokenizer_path());
+}
+
+/// SmolLM2's GGUF (fetched by scripts/setup), or "" when it is not installed.
+inline std::string smollm2_path() {
+  try {
+    return resolve_model("smollm2-135m").model_path;
+  } catch (const IoError&) {
+    return "";
+  }
+}
 
 inline uint64_t test_seed() {
   static const uint64_t seed = [] {
@@ -55,3 +72,20 @@ inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) 
 }
 
 }  // namespace flashkv::test
+
+/// First statement of a test that reads the shipped model: skips it (reported as skipped by ctest, with the reason)
+/// instead of failing or crashing when ../shared/models (or $FLASHKV_MODELS_DIR) lacks the files.
+#define FLASHKV_REQUIRE_SHIPPED_MODEL()                                                                            \
+  do {                                                                                                             \
+    if (!::flashkv::test::shipped_model_present())                                                                 \
+      GTEST_SKIP() << "shipped test model missing: " << ::flashkv::test::model_path() << " / "                     \
+                   << ::flashkv::test::tokenizer_path() << " (set FLASHKV_MODELS_DIR to the directory holding them)"; \
+  } while (0)
+
+/// First statement of a test that reads SmolLM2: skips it when scripts/setup has not fetched the model.
+#define FLASHKV_REQUIRE_SMOLLM2()                                                                                  \
+  do {                                                                                                             \
+    if (::flashkv::test::smollm2_path().empty())                                                                   \
+      GTEST_SKIP() << "SmolLM2 not installed (expected in " << ::flashkv::fetched_models_dir()                     \
+                   << "/smollm2-135m): run scripts/setup";                                                         \
+  } while (0)

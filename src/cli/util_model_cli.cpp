@@ -1,0 +1,57 @@
+// Shared model / KV-cache / sampler options of the model-running commands.
+#include "cli/util_model_cli.hpp"
+
+#include "eval/evaluation.hpp"
+#include "flashkv/kvcache.hpp"
+
+namespace flashkv::cli {
+
+std::string model_option_help(const std::string& default_name) {
+  std::string s = "a named model (";
+  bool first = true;
+  for (const ModelAlias& a : model_aliases()) {
+    s += (first ? "" : "; ") + a.name + ": " + a.description;
+    first = false;
+  }
+  s += ") or a checkpoint path (llama2.c .bin or GGUF)";
+  if (!default_name.empty()) s += "; default " + default_name;
+  return s;
+}
+
+void add_model_options(CLI::App* sub, std::string& model, std::string& tokenizer, const std::string& default_name) {
+  model = default_name;
+  sub->add_option("--model", model, model_option_help(default_name));
+  sub->add_option("--tokenizer", tokenizer,
+                  "llama2.c tokenizer file (default: the named model's, or the vocabulary embedded in a GGUF)");
+}
+
+KVCacheSpec KvOptions::spec() const {
+  return eval::spec_from_options(kv_cache, kv_k, kv_v, residual, sinks, rotate, page_size);
+}
+
+void add_kv_options(CLI::App* sub, KvOptions& o) {
+  sub->add_option("--kv-cache", o.kv_cache, std::string("KV cache format (default fp32). ") + kv_cache_dtype_grammar());
+  sub->add_option("--kv-k", o.kv_k, "K format (with --kv-v) instead of --kv-cache");
+  sub->add_option("--kv-v", o.kv_v, "V format (with --kv-k)");
+  sub->add_option("--residual", o.residual, "most recent tokens kept in bf16 (KIVI residual window)");
+  sub->add_option("--sinks", o.sinks, "first tokens kept in bf16");
+  sub->add_option("--rotate", o.rotate, "none | hadamard (rotation before quantization)");
+  sub->add_option("--page-size", o.page_size, "tokens per cache page (power of two, 16-256)");
+}
+
+SamplerConfig SamplerOptions::config() const {
+  SamplerConfig sc{temperature, top_p, top_k, seed};
+  sc.validate();
+  return sc;
+}
+
+void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_temperature) {
+  o.temperature = default_temperature;
+  sub->add_option("--temperature", o.temperature,
+                  "0 = greedy (default " + std::to_string(default_temperature).substr(0, 3) + ")");
+  sub->add_option("--top-p", o.top_p, "nucleus sampling threshold in (0, 1] (default 0.9)");
+  sub->add_option("--top-k", o.top_k, "keep the k most probable tokens (0 = off)");
+  sub->add_option("--seed", o.seed, "sampler seed (default 42)");
+}
+
+}  // namespace flashkv::cli

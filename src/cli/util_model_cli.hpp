@@ -1,0 +1,34 @@
+// CLI options shared by the commands that run a model (generate, chat, tokenize, inspect; eval and demo may use them):
+// --model NAME|PATH (named models resolved by flashkv::resolve_model), --tokenizer, the KV-cache options and the
+// sampler options.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "flashkv/engine.hpp"
+
+namespace flashkv::cli {
+
+/// Help text of --model: "a named model (smollm2-135m: ..., aidreams260k: ...) or a checkpoint path".
+std::string model_option_help(const std::string& default_name);
+/// Adds --model (default `default_name`, may be empty = required by the caller) and --tokenizer.
+void add_model_options(CLI::App* sub, std::string& model, std::string& tokenizer, const std::string& default_name);
+
+struct KvOptions {
+  std::string kv_cache, kv_k, kv_v, rotate = "none";
+  int32_t residual = 0, sinks = 0, page_size = 32;
+  KVCacheSpec spec() const;  ///< validated (Error naming the option)
+};
+void add_kv_options(CLI::App* sub, KvOptions& o);
+
+struct SamplerOptions {
+  float temperature = 1.0f, top_p = 0.9f;
+  int32_t top_k = 0;
+  uint64_t seed = 42;
+  SamplerConfig config() const;  ///< validated
+};
+void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_temperature);
+
+}  // namespace flashkv::cli
