@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""flashkv CUDA backend vs PyTorch SDPA (flash = FlashAttention-2, cuDNN, memory-efficient) and FlexAttention,
-all measured in the same run on the same GPU. One command, one table:
+"""flashkv CUDA backend vs PyTorch SDPA (flash = FlashAttention-2, cuDNN, memory-efficient), FlexAttention and the
+previous flashkv release, all measured in the same run on the same GPU. One command, one table:
 
     PYTHONPATH=python FLASHKV_LIBRARY=build/cuda/lib python3 bench/gpu/bench_attention.py [--quick] [--out DIR]
+        [--prev-library PATH/libflashkv.so]
+
+--prev-library: the previous release's library (e.g. commit 88b7f60 built with head dims 64;128;256, bf16) is timed in
+a subprocess through its own C ABI (ctypes; the old library predates this package's kernel families, so its sm80
+column uses its FLASHKV_CUDA_SM80_ONLY switch) on the same shapes; its numbers go into the same tables ("prev").
+The flashkv sm80 column runs flashkv.attention(kernel="sm80"); every flashkv row records flashkv.last_kernel_path(),
+listed under the tables as footnotes.
 
 Sections (FA3-paper conventions, docs/engineering.md):
   prefill  16k tokens per batch, hidden 2048 (heads = 2048 / head_dim), head dims 64/128/256, seqlen 512..16k,
@@ -15,11 +22,14 @@ Sections (FA3-paper conventions, docs/engineering.md):
 Timing: triton.testing.do_bench (CUDA events, L2 flushed between calls, median). Results: JSON + markdown in --out.
 """
 import argparse
+import ctypes
 import datetime
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashkv
 from flashkv import _library as L
+from flashkv._tensor import to_tensor
 
 DT = torch.bfloat16
 
@@ -44,13 +55,79 @@ def flops(b, h, sq, sk, d, causal, mode):
 
 
 # ---- flashkv calls ----------------------------------------------------------------------------------------------
-def fk_forward(q, k, v, causal, algorithm="tiled"):
-    return flashkv.attention(q, k, v, causal=causal, return_lse=True, algorithm=algorithm)
+def fk_forward(q, k, v, causal, algorithm="tiled", kernel="auto"):
+    return flashkv.attention(q, k, v, causal=causal, return_lse=True, algorithm=algorithm, kernel=kernel)
 
 
-def fk_backward(dout, q, k, v, out, lse, causal, deterministic):
+def fk_backward(dout, q, k, v, out, lse, causal, deterministic, kernel="auto"):
     """flashkv.attention_backward with an explicit deterministic flag (default False, as FlashAttention)."""
-    return flashkv.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+    return flashkv.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                                      kernel=kernel)
+
+
+class PrevLib:
+    """The previous release's libflashkv.so called through its C ABI (flashkv.h, ABI version 1; struct_size-prefixed
+    options filled by its own flashkv_attention_options_default), independent of this package's Python binding."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        T, O, DO = ctypes.POINTER(L.Tensor), ctypes.POINTER(L.AttentionOptions), ctypes.POINTER(L.DecodeOptions)
+        for name, args in {"flashkv_attention_options_default": [O], "flashkv_attention_forward": [T] * 5 + [O],
+                           "flashkv_attention_backward": [T] * 9 + [O], "flashkv_decode_options_default": [DO],
+                           "flashkv_cuda_decode": [T] * 9 + [DO]}.items():
+            fn = getattr(self.lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        self.lib.flashkv_last_error.restype = ctypes.c_char_p
+
+    def _check(self, status):
+        if status != 0:
+            raise RuntimeError(self.lib.flashkv_last_error().decode())
+
+    def _opts(self, causal, deterministic=False):
+        o = L.AttentionOptions()
+        self._check(self.lib.flashkv_attention_options_default(ctypes.byref(o)))
+        o.causal, o.deterministic = int(causal), int(deterministic)
+        o.stream = torch.cuda.current_stream().cuda_stream
+        return o
+
+    def forward(self, q, k, v, causal):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        t = [to_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
+        self._check(self.lib.flashkv_attention_forward(*[x.ptr for x in t], ctypes.byref(self._opts(causal))))
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, causal):
+        g = [torch.empty_like(x) for x in (q, k, v)]
+        t = [to_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"), (dout, "dout"),
+                                          (g[0], "dq"), (g[1], "dk"), (g[2], "dv"))]
+        self._check(self.lib.flashkv_attention_backward(*[x.ptr for x in t], ctypes.byref(self._opts(causal))))
+        return g
+
+    def decode(self, q, k_cache, v_cache, page_table, seqlens, out, num_splits, max_seqlen_k):
+        o = L.DecodeOptions()
+        self._check(self.lib.flashkv_decode_options_default(ctypes.byref(o)))
+        o.num_splits, o.max_seqlen_k = num_splits, max_seqlen_k
+        o.stream = torch.cuda.current_stream().cuda_stream
+        t = [to_tensor(x, n) for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"),
+                                          (page_table, "page_table"), (seqlens, "cache_seqlens"), (out, "out"))]
+        self._check(self.lib.flashkv_cuda_decode(t[0].ptr, t[1].ptr, t[2].ptr, t[3].ptr, t[4].ptr, None, None,
+                                                 t[5].ptr, None, ctypes.byref(o)))
+        return out
+
+
+PREV = None  # PrevLib in the --prev-worker process
+
+
+class Sm80OnlyPrev:
+    """FLASHKV_CUDA_SM80_ONLY=1 inside the block, for the previous release only (it reads it on every call; the
+    current library takes kernel="sm80" instead)."""
+
+    def __enter__(self):
+        os.environ["FLASHKV_CUDA_SM80_ONLY"] = "1"
+
+    def __exit__(self, *exc):
+        os.environ.pop("FLASHKV_CUDA_SM80_ONLY", None)
 
 
 def fk_decode(q, k_cache, v_cache, page_table, seqlens, out, num_splits=0, max_seqlen_k=0):
@@ -60,22 +137,19 @@ def fk_decode(q, k_cache, v_cache, page_table, seqlens, out, num_splits=0, max_s
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
-class Sm80Only:
-    """FLASHKV_CUDA_SM80_ONLY=1 inside the block: flashkv runs its sm80 (mma.sync, FA2-class) kernels even on Hopper,
-    where it otherwise takes the sm90 (wgmma) kernels for head dims 64/128/256. Read by the library on every call."""
-
-    def __enter__(self):
-        os.environ["FLASHKV_CUDA_SM80_ONLY"] = "1"
-
-    def __exit__(self, *exc):
-        os.environ.pop("FLASHKV_CUDA_SM80_ONLY", None)
-
-
-def sm80(fn):
+def prev_sm80(fn):
     def run():
-        with Sm80Only():
+        with Sm80OnlyPrev():
             return fn()
     return run
+
+
+def timed(row, fn, rep=100):
+    """Times fn into row (ms), and for flashkv rows records the kernel path of the last call."""
+    row["ms"] = bench(fn, rep)
+    if row["backend"].startswith("flashkv"):
+        row["path"] = flashkv.last_kernel_path()
+    return row
 
 
 def ceilings():
@@ -106,7 +180,7 @@ def prefill(dims, seqlens, modes, check):
             g = torch.randn_like(q)
             qt, kt, vt, gt = (x.transpose(1, 2) for x in (q, k, v, g))  # [B, H, S, D] views for SDPA
             for causal in (False, True):
-                if check:  # flashkv output vs SDPA flash on the benchmark inputs (sanity, not the test suite)
+                if check and PREV is None:  # flashkv output vs SDPA flash on the benchmark inputs (sanity, not the test suite)
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                         ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
                     out, _ = fk_forward(q.detach(), k.detach(), v.detach(), causal)
@@ -126,21 +200,32 @@ def prefill(dims, seqlens, modes, check):
                                 o.backward(gt)
                         fns[name] = fn
                     qd, kd, vd = q.detach(), k.detach(), v.detach()
-                    if mode == "fwd":
+                    if PREV is not None:  # the --prev-worker process: the previous release only
+                        fns = {}
+                        if mode == "fwd":
+                            fns["prev"] = lambda: PREV.forward(qd, kd, vd, causal)
+                            fns["prev_sm80"] = prev_sm80(lambda: PREV.forward(qd, kd, vd, causal))
+                        else:
+                            def prev_fb():
+                                out, lse = PREV.forward(qd, kd, vd, causal)
+                                return PREV.backward(g, qd, kd, vd, out, lse, causal)
+                            fns["prev"] = prev_fb
+                            fns["prev_sm80"] = prev_sm80(prev_fb)
+                    elif mode == "fwd":
                         fns["flashkv"] = lambda: fk_forward(qd, kd, vd, causal)
-                        fns["flashkv_sm80"] = sm80(lambda: fk_forward(qd, kd, vd, causal))
+                        fns["flashkv_sm80"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm80")
                     else:
-                        def fk_fb(det):
-                            out, lse = fk_forward(qd, kd, vd, causal)
-                            return fk_backward(g, qd, kd, vd, out, lse, causal, det)
+                        def fk_fb(det, kernel="auto"):
+                            out, lse = fk_forward(qd, kd, vd, causal, kernel=kernel)
+                            return fk_backward(g, qd, kd, vd, out, lse, causal, det, kernel=kernel)
                         fns["flashkv"] = lambda: fk_fb(False)
                         fns["flashkv_det"] = lambda: fk_fb(True)
-                        fns["flashkv_sm80"] = sm80(lambda: fk_fb(False))
+                        fns["flashkv_sm80"] = lambda: fk_fb(False, "sm80")
                     for name, fn in fns.items():
                         try:
-                            ms = bench(fn)
-                            rows.append(dict(d=d, s=s, b=bsz, h=h, causal=causal, backend=name, mode=mode, ms=ms,
-                                             tflops=flops(bsz, h, s, s, d, causal, mode) / ms / 1e9))
+                            r = timed(dict(d=d, s=s, b=bsz, h=h, causal=causal, backend=name, mode=mode), fn)
+                            r["tflops"] = flops(bsz, h, s, s, d, causal, mode) / r["ms"] / 1e9
+                            rows.append(r)
                         except Exception as e:  # noqa: BLE001 — a backend may not support a shape
                             rows.append(dict(d=d, s=s, causal=causal, backend=name, mode=mode, err=str(e)[:160]))
                         print(f"  {rows[-1]}", flush=True)
@@ -183,10 +268,19 @@ def decode(configs):
         table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(bsz, ctx // page)
         seqlens = torch.full((bsz,), ctx, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
+        if PREV is not None:
+            r = timed(dict(b=bsz, L=ctx, backend="prev"), lambda: PREV.decode(q, kc, vc, table, seqlens, out, 0, ctx))
+            r["TBps"] = kvbytes / r["ms"] / 1e9
+            rows.append(r)
+            print(f"  {rows[-1]}", flush=True)
+            del kc, vc, q
+            torch.cuda.empty_cache()
+            continue
         for splits in (0, 1):
             name = "flashkv" if splits == 0 else "flashkv_nosplit"
-            ms = bench(lambda: fk_decode(q, kc, vc, table, seqlens, out, splits, ctx))
-            rows.append(dict(b=bsz, L=ctx, backend=name, ms=ms, TBps=kvbytes / ms / 1e9))
+            r = timed(dict(b=bsz, L=ctx, backend=name), lambda: fk_decode(q, kc, vc, table, seqlens, out, splits, ctx))
+            r["TBps"] = kvbytes / r["ms"] / 1e9
+            rows.append(r)
             print(f"  {rows[-1]}", flush=True)
         # SDPA on the same tokens, contiguous [B, Hk, L, D] (gathered once; not timed)
         kk = kc[table.long().flatten()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
@@ -228,13 +322,14 @@ def progression(configs):
             return torch.softmax(sc, dim=-1) @ vt
         fns = {"naive (torch, S/P materialized)": naive,
                "v1 order (flashkv)": lambda: fk_forward(q, k, v, causal, "v1"),
-               "v2 (flashkv sm80, mma.sync)": sm80(lambda: fk_forward(q, k, v, causal)),
+               "v2 (flashkv sm80, mma.sync)": lambda: fk_forward(q, k, v, causal, kernel="sm80"),
                "v3-class (flashkv sm90, wgmma)": lambda: fk_forward(q, k, v, causal)}
         for name, fn in fns.items():
             try:
                 ms = bench(fn, rep=50)
                 rows.append(dict(d=d, s=s, causal=causal, variant=name, ms=ms,
-                                 tflops=flops(bsz, h, s, s, d, causal, "fwd") / ms / 1e9))
+                                 tflops=flops(bsz, h, s, s, d, causal, "fwd") / ms / 1e9,
+                                 path=flashkv.last_kernel_path() if "flashkv" in name else ""))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(d=d, s=s, causal=causal, variant=name, err=str(e)[:160]))
             print(f"  {rows[-1]}", flush=True)
@@ -244,33 +339,67 @@ def progression(configs):
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
-def prefill_table(rows):
-    get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r.get("tflops") for r in rows if "mode" in r}
-    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | SDPA flash | cuDNN | mem-eff | "
-             "flashkv/flash | sm80/flash | flashkv/cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+class Paths:
+    """Footnote numbers for the kernel paths (flashkv.last_kernel_path()) of the table rows."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def ref(self, *rows):
+        out = []
+        for r in rows:
+            p = (r or {}).get("path")
+            if p:
+                out.append(str(self.ids.setdefault(p, len(self.ids) + 1)))
+        return ",".join(dict.fromkeys(out)) or "-"
+
+    def notes(self):
+        return [f"[{n}] `{p}`" for p, n in sorted(self.ids.items(), key=lambda x: x[1])]
+
+
+def prefill_table(rows, paths):
+    get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r for r in rows if "mode" in r}
+    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | prev | prev sm80 | SDPA flash | "
+             "cuDNN | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | flashkv/cuDNN | paths |",
+             "|" + "---|" * 18]
     keys = sorted({(r["mode"], r["d"], r["s"], r["causal"]) for r in rows if "mode" in r and r["backend"] != "check"})
     for mode, d, s, c in keys:
-        f = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
-        fk, fl, cu = f("flashkv"), f("flash"), f("cudnn")
+        row = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
+        f = lambda b: (row(b) or {}).get("tflops")  # noqa: E731
+        fk, fl, cu, sm, pv, ps = f("flashkv"), f("flash"), f("cudnn"), f("flashkv_sm80"), f("prev"), f("prev_sm80")
         fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
-        lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | "
-                     f"{fmt(f('flashkv_sm80'))} | {fmt(fl)} | {fmt(cu)} | {fmt(f('mem_eff'))} | {ratio(fk, fl)} | "
-                     f"{ratio(f('flashkv_sm80'), fl)} | {ratio(fk, cu)} |")
+        lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | {fmt(sm)} | "
+                     f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('mem_eff'))} | {ratio(fk, pv)} | "
+                     f"{ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | "
+                     f"{paths.ref(row('flashkv'), row('flashkv_det'), row('flashkv_sm80'))} |")
     return "\n".join(lines)
 
 
-def decode_table(rows, read_tbps):
-    get = {(r["b"], r["L"], r["backend"]): r.get("TBps") for r in rows}
-    lines = [f"| batch | context | flashkv TB/s | no-split TB/s | cuDNN TB/s | SDPA flash TB/s | flashkv / HBM read "
-             f"({read_tbps:.2f} TB/s) | flashkv / cuDNN |", "|---|---|---|---|---|---|---|---|"]
+def decode_table(rows, read_tbps, paths):
+    get = {(r["b"], r["L"], r["backend"]): r for r in rows}
+    lines = [f"| batch | context | flashkv TB/s | no-split TB/s | prev TB/s | cuDNN TB/s | SDPA flash TB/s | flashkv / "
+             f"HBM read ({read_tbps:.2f} TB/s) | flashkv / prev | flashkv / cuDNN | paths |", "|" + "---|" * 11]
     for b, ctx in sorted({(r["b"], r["L"]) for r in rows}):
-        f = lambda n: get.get((b, ctx, n))  # noqa: E731
+        f = lambda n: (get.get((b, ctx, n)) or {}).get("TBps")  # noqa: E731
         fmt = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
-        fk, cu = f("flashkv"), f("cudnn")
-        lines.append(f"| {b} | {ctx} | {fmt(fk)} | {fmt(f('flashkv_nosplit'))} | {fmt(cu)} | {fmt(f('flash'))} | "
-                     f"{fk / read_tbps:.0%} | {(fk / cu if fk and cu else 0):.2f} |")
+        fk, cu, pv = f("flashkv"), f("cudnn"), f("prev")
+        lines.append(f"| {b} | {ctx} | {fmt(fk)} | {fmt(f('flashkv_nosplit'))} | {fmt(pv)} | {fmt(cu)} | "
+                     f"{fmt(f('flash'))} | {(fk or 0) / read_tbps:.0%} | {(fk / pv if fk and pv else 0):.2f} | "
+                     f"{(fk / cu if fk and cu else 0):.2f} | "
+                     f"{paths.ref(get.get((b, ctx, 'flashkv')), get.get((b, ctx, 'flashkv_nosplit')))} |")
     return "\n".join(lines)
+
+
+def run_prev(path, sections, quick):
+    """The previous release, timed in a subprocess (its own CUDA runtime and statics); its rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, os.path.abspath(__file__), "--prev-worker", path, "--out", tmp, "--sections",
+               ",".join(x for x in sections if x in ("prefill", "decode"))] + (["--quick"] if quick else [])
+        print("previous release:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        with open(os.path.join(tmp, "prev.json")) as f:
+            return json.load(f)
 
 
 def main():
@@ -278,8 +407,23 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a subset of the grid (seqlen 1k/4k/16k)")
     ap.add_argument("--sections", default="prefill,decode,progression,flex")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--prev-library", help="the previous release's libflashkv.so: its numbers join the tables")
+    ap.add_argument("--prev-worker", help=argparse.SUPPRESS)  # internal: time only this library, write prev.json
     a = ap.parse_args()
     sections = a.sections.split(",")
+    global PREV
+    seqlens = (1024, 4096, 16384) if a.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    decode_grid = ((1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 16384), (128, 8192), (128, 4096))
+    if a.prev_worker:
+        PREV = PrevLib(a.prev_worker)
+        res = {}
+        if "prefill" in sections:
+            res["prefill"] = prefill((64, 128, 256), seqlens, ("fwd", "fwdbwd"), check=False)
+        if "decode" in sections:
+            res["decode"] = decode(decode_grid)
+        with open(os.path.join(a.out, "prev.json"), "w") as f:
+            json.dump(res, f)
+        return
     dev = torch.cuda.get_device_properties(0)
     meta = dict(gpu=dev.name, sms=dev.multi_processor_count, torch=torch.__version__,
                 cudnn=torch.backends.cudnn.version(), date=datetime.datetime.utcnow().isoformat(timespec="seconds"),
@@ -287,28 +431,37 @@ def main():
     print("device", meta, flush=True)
     res = dict(meta=meta, ceilings=ceilings())
     print("ceilings", res["ceilings"], flush=True)
-    seqlens = (1024, 4096, 16384) if a.quick else (512, 1024, 2048, 4096, 8192, 16384)
     if "prefill" in sections:
         res["prefill"] = prefill((64, 128, 256), seqlens, ("fwd", "fwdbwd"), check=True)
     if "flex" in sections:
         res["flex"] = flex_rows(((128, 8192), (64, 8192)))
     if "decode" in sections:
-        res["decode"] = decode(((1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 16384), (128, 8192),
-                                (128, 4096)))
+        res["decode"] = decode(decode_grid)
     if "progression" in sections:
         res["progression"] = progression(((128, 1024, False), (128, 4096, False), (128, 4096, True)))
+    if a.prev_library:
+        res["meta"]["prev_library"] = a.prev_library
+        prev = run_prev(a.prev_library, sections, a.quick)
+        for sec in ("prefill", "decode"):
+            if sec in res:
+                res[sec] += prev.get(sec, [])
     os.makedirs(a.out, exist_ok=True)
     stamp = datetime.date.today().isoformat()
     with open(os.path.join(a.out, f"h200-attention-{stamp}.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = [f"# flashkv CUDA vs PyTorch SDPA on {meta['gpu']} — {meta['date']}",
-          "flashkv: default dispatch (sm90 wgmma kernels on Hopper for head dims 64/128/256); flashkv sm80: the "
-          "mma.sync (FA2-class) kernels forced with FLASHKV_CUDA_SM80_ONLY=1; flashkv det: deterministic backward.",
+          "flashkv: default dispatch (kernel=\"auto\": sm90 wgmma kernels on Hopper for head dims 64/128/256); "
+          "flashkv sm80: kernel=\"sm80\" (mma.sync, FA2-class); flashkv det: deterministic backward; prev / prev "
+          "sm80: the previous release " + (f"(`{a.prev_library}`, its sm80 kernels through FLASHKV_CUDA_SM80_ONLY=1)"
+                                           if a.prev_library else "(not measured: no --prev-library)") +
+          ", same run. Paths: flashkv.last_kernel_path() of the rows, footnotes below each table.",
           f"Command: `{meta['command']}`; torch {meta['torch']}, cuDNN {meta['cudnn']}.",
           f"Ceilings (same run): copy {res['ceilings']['copy_TBps']:.2f} TB/s (read+write), HBM read "
           f"{res['ceilings']['read_TBps']:.2f} TB/s, bf16 GEMM {res['ceilings']['bf16_gemm_TFLOPs']:.0f} TFLOP/s.", ""]
     if "prefill" in res:
-        md += ["## Prefill, bf16, TFLOP/s (16k tokens/batch, hidden 2048)", prefill_table(res["prefill"]), ""]
+        paths = Paths()
+        md += ["## Prefill, bf16, TFLOP/s (16k tokens/batch, hidden 2048)", prefill_table(res["prefill"], paths), ""]
+        md += paths.notes() + [""]
         checks = [r for r in res["prefill"] if r["backend"] == "check"]
         md += [f"Max |flashkv - SDPA flash| over the benchmark inputs: {max(r['max_abs_diff'] for r in checks):.3g}", ""]
     if "flex" in res:
@@ -316,13 +469,15 @@ def main():
             f"- d={r['d']} s={r['s']} causal={int(r['causal'])}: {r['tflops']:.0f}" if "tflops" in r else f"- {r}"
             for r in res["flex"]] + [""]
     if "decode" in res:
+        paths = Paths()
         md += ["## Decode, bf16 KV, 32 q / 8 kv heads, d=128 (effective KV bandwidth)",
-               decode_table([r for r in res["decode"] if r["backend"] != "check"], res["ceilings"]["read_TBps"]), ""]
+               decode_table([r for r in res["decode"] if r["backend"] != "check"], res["ceilings"]["read_TBps"],
+                            paths), ""] + paths.notes() + [""]
     if "progression" in res:
-        md += ["## Progression (fwd, d=128, 16k tokens)", "| seqlen | causal | variant | ms | TFLOP/s |",
-               "|---|---|---|---|---|"] + [
-            f"| {r['s']} | {int(r['causal'])} | {r['variant']} | {r.get('ms', 0):.3f} | {r.get('tflops', 0):.1f} |"
-            for r in res["progression"]] + [""]
+        md += ["## Progression (fwd, d=128, 16k tokens)", "| seqlen | causal | variant | ms | TFLOP/s | path |",
+               "|---|---|---|---|---|---|"] + [
+            f"| {r['s']} | {int(r['causal'])} | {r['variant']} | {r.get('ms', 0):.3f} | {r.get('tflops', 0):.1f} | "
+            f"{r.get('path') or '-'} |" for r in res["progression"]] + [""]
     text = "\n".join(md)
     with open(os.path.join(a.out, f"h200-attention-{stamp}.md"), "w") as f:
         f.write(text + "\n")

@@ -28,6 +28,31 @@
 //   masking.
 // EDGES: a query row with no visible key gets out = 0 exactly, lse = −inf and zero gradients; seqlen_k = 0 gives zeros.
 //   Masking never produces NaN; logits of any finite magnitude are handled.
+//
+// NON-FINITE INPUTS (NaN, ±inf; every algorithm, forward and backward, dense and varlen, every device). Let J_i be the
+//   keys query row i sees (the MASK rule, within its sequence). Masked keys are exactly absent: nothing about them
+//   (their K, V, NaN or inf) affects row i. Over J_i the result is the definition evaluated in IEEE arithmetic with
+//   float32 accumulation and a NaN-propagating max:
+//     s_ij = softcap(softmax_scale · q_i·k_j);  m_i = max_{j∈J_i} s_ij (NaN if any s_ij is NaN);
+//     p_ij = exp(s_ij − m_i);  l_i = Σ_j p_ij;  out_i = Σ_j p_ij v_j / l_i;  lse_i = m_i + log l_i.
+//   Hence, per row:
+//     J_i empty                                  -> out_i = 0, lse_i = −inf (the only case with lse = −inf)
+//     a visible s_ij NaN or +inf                 -> out_i all NaN, lse_i NaN   (+inf: exp(inf − inf) = NaN)
+//     every visible s_ij = −inf                  -> out_i all NaN, lse_i NaN   (exp(−inf − (−inf)) = NaN)
+//     some, not all, visible s_ij = −inf         -> those keys get p = 0 exactly; the rest is normal
+//     v_jc NaN/inf for a visible j               -> out_ic NaN or ±inf (IEEE; 0·inf = NaN); lse_i unaffected
+//     rows that do not see the bad key           -> unaffected (the same bits as without it)
+//   A score is ±inf when q·k leaves the float32 range (|q·k| > 3.4e38) or an input is ±inf; softcap maps ±inf to
+//   ±softcap (finite). Backward (from out and lse as the forward returns them): P_ij = exp(s_ij − lse_i) for j ∈ J_i
+//   and exactly 0 otherwise, D_i = Σ_c dout_ic·out_ic, dS_ij = P_ij (dP_ij − D_i) (softcap: times 1 − tanh²) for
+//   j ∈ J_i and exactly 0 otherwise, dv_j = Σ_{i: j∈J_i} P_ij dout_i, dq_i = scale Σ_{j∈J_i} dS_ij k_j,
+//   dk_j = scale Σ_{i: j∈J_i} dS_ij q_i — evaluated in IEEE arithmetic, so a NaN/inf reaches exactly the gradients
+//   whose sums contain it (a masked pair is never 0·x). Nothing is checked or reported: like FlashAttention and
+//   PyTorch, the library propagates non-finite values instead of raising.
+//   CUDA, not yet exact (docs/gpu.md, "Non-finite inputs"): the sm80 forward of head dims 64 and 96, and the backward
+//   for non-finite q, k or dout, can still let a masked key's (or row's) non-finite value turn the other rows of a
+//   boundary tile (causal diagonal, window edge) into NaN; non-finite v in the backward, and every other CUDA forward,
+//   follow the rule above.
 // GQA/MQA: num_heads % num_heads_kv == 0; query head h reads kv head h / (num_heads / num_heads_kv).
 //
 // ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch
@@ -60,6 +85,20 @@ enum class Algorithm : int32_t {
 };
 const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
 
+/// Which CUDA kernel family runs a call on a CUDA device (docs/gpu.md). The family is decided once per call, from the
+/// device and the build: `automatic` takes the sm90 (Hopper wgmma) kernels on a compute-capability-9.0 GPU when this
+/// build carries their sm_90a code and the head dim has one, else the sm80 (mma.sync, FA2-class) kernels; the
+/// environment variable FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean
+/// sm80. `sm80` / `sm90` ask for one family: a family the GPU or the build cannot run for this call (sm90 on a
+/// non-Hopper GPU, in a build without sm_90a code, or for a head dim it has no kernel for; v1_order, which exists only
+/// as sm80) is an UnsupportedError naming it, never a silent fallback. CPU tensors accept only `automatic`.
+enum class KernelFamily : int32_t {
+  automatic = 0,  ///< "auto"
+  sm80 = 1,       ///< "sm80": mma.sync + ldmatrix + cp.async (Ampere and later)
+  sm90 = 2,       ///< "sm90": wgmma (Hopper, sm_90a)
+};
+const char* kernel_family_name(KernelFamily f);  ///< "auto" | "sm80" | "sm90"
+
 struct AttentionOptions {
   std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim)
   bool causal = false;                 ///< bottom-right aligned; equivalent to window_size_right = 0
@@ -72,6 +111,7 @@ struct AttentionOptions {
                                        ///< FlashAttention) = float32 atomics. The CPU is always deterministic.
   int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
+  KernelFamily kernel_family = KernelFamily::automatic;  ///< CUDA: which kernel family runs (see KernelFamily)
 };
 
 /// Fixed-length forward. `lse` may be nullptr. See the file comment for shapes, mask and errors.

@@ -12,7 +12,10 @@
  *
  * TENSORS: flashkv_tensor is a non-owning strided view; shape/strides in ELEMENTS; device FLASHKV_DEVICE_CUDA with
  * device_index names a CUDA device pointer (streams travel in the options struct as void*).
- * Shapes, dtypes and semantics are those of include/flashkv/attention.hpp.
+ * Shapes, dtypes and semantics are those of include/flashkv/attention.hpp, including NON-FINITE INPUTS there: NaN
+ * and ±inf propagate as in IEEE arithmetic over the keys each query row sees (a row whose visible scores include a
+ * NaN or +inf gets NaN out and lse; masked keys never matter; lse = −inf only for rows that see no key); they are
+ * not reported as errors.
  */
 #ifndef FLASHKV_H_
 #define FLASHKV_H_
@@ -56,6 +59,11 @@ typedef enum { FLASHKV_DEVICE_CPU = 0, FLASHKV_DEVICE_CUDA = 1 } flashkv_device;
 
 typedef enum { FLASHKV_ALGO_TILED = 0, FLASHKV_ALGO_V1_ORDER = 1, FLASHKV_ALGO_NAIVE = 2 } flashkv_algorithm;
 
+/* Which CUDA kernel family runs a call (flashkv::KernelFamily, flashkv/attention.hpp): AUTO picks from the device
+ * (sm90 on Hopper builds with sm_90a code, else sm80; FLASHKV_CUDA_SM80_ONLY=1 makes AUTO mean sm80); SM80 / SM90
+ * ask for one family and fail with FLASHKV_ERROR_UNSUPPORTED when the GPU or build cannot run it. */
+typedef enum { FLASHKV_KERNEL_AUTO = 0, FLASHKV_KERNEL_SM80 = 1, FLASHKV_KERNEL_SM90 = 2 } flashkv_kernel_family;
+
 typedef struct {
   void* data;
   int32_t dtype;        /* flashkv_dtype */
@@ -78,6 +86,7 @@ typedef struct {
   int32_t deterministic;     /* CUDA backward: 1 = bit-identical run to run (slower); 0 (default) = atomics */
   int32_t num_threads;       /* CPU; 0 = default */
   void* stream;              /* CUDA: cudaStream_t */
+  int32_t kernel_family;     /* flashkv_kernel_family; appended after stream: a smaller struct_size means AUTO */
 } flashkv_attention_options;
 
 FLASHKV_API const char* flashkv_version(void);

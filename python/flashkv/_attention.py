@@ -11,7 +11,7 @@ Layout (bshd, as flash-attn):
     out  [batch, seqlen_q, num_heads,    head_dim_v]   (same dtype as q)
     lse  [batch, num_heads, seqlen_q] float32, natural log (-inf for a row that sees no key)
 Varlen (packed): q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32
-    [batch + 1], lse [num_heads, total_q].
+    [batch + 1] (any integer dtype is accepted and converted to int32, values checked to fit), lse [num_heads, total_q].
 
 dtypes: float32, float16, bfloat16 (one dtype for q, k, v, dout, out); float32 accumulation; outputs in the input dtype.
 bfloat16 is either an ``ml_dtypes.bfloat16`` numpy array or a uint16 array of bit patterns with ``dtype="bfloat16"``.
@@ -22,6 +22,11 @@ with (left, right) = window_size; causal=True is window_size[1] = 0 (bottom-righ
 window of W tokens uses window_size=(W - 1, 0). softcap > 0 applies softcap * tanh(score / softcap) before masking.
 GQA/MQA: num_heads must be a multiple of num_heads_kv.
 
+Non-finite inputs propagate as IEEE arithmetic over the keys each query row sees (include/flashkv/attention.hpp,
+NON-FINITE INPUTS): a row whose visible scores include a NaN or +inf, or are all -inf, gets NaN out and NaN lse; a
+NaN/inf in a visible v row makes that output channel NaN/inf; rows that do not see the bad key are unchanged and masked
+keys never matter; lse = -inf only for a row with no visible key. The backward follows the same rule. Nothing raises.
+
 Errors: ValueError for bad shapes, ranks, strides or values; TypeError for wrong dtypes or object kinds; each message
 names the argument with expected vs actual. flashkv.UnsupportedError for what this build cannot run.
 """
@@ -29,12 +34,40 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import _library as L
 from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
+
+
+_INT32_MAX_ARG = 2**31 - 1
+
+
+def _int_arg(value: Any, name: str, lo: int, hi: int = _INT32_MAX_ARG) -> int:
+    """An integer argument (int or numpy integer, not bool/float/str) in [lo, hi]: the C ABI stores int32/int64, so a
+    value outside the range must be an error, never a silent wrap-around or truncation."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"flashkv: argument '{name}': expected an int in {lo}..{hi}, got {v}")
+    return v
+
+
+def _bool_arg(value: Any, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and int(value) in (0, 1)):
+        return bool(value)
+    raise TypeError(f"flashkv: argument '{name}': expected a bool, got {type(value).__name__} {value!r}")
+
+
+def _float_arg(value: Any, name: str, what: str) -> float:
+    """A real number (Python or numpy float/int, not bool or str)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"flashkv: argument '{name}': expected {what}, got {type(value).__name__}")
+    return float(value)
 
 
 def _options(
@@ -48,32 +81,28 @@ def _options(
 ) -> L.AttentionOptions:
     o = L.default_options()
     try:
-        left, right = (int(w) for w in window_size)
+        left, right = window_size
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"flashkv: argument 'window_size': expected a pair (left, right) of ints (-1 = unbounded), got "
             f"{window_size!r}"
         ) from e
+    left = _int_arg(left, "window_size[0]", -(2**31))  # the library reports < -1 with its own message
+    right = _int_arg(right, "window_size[1]", -(2**31))
     if algorithm not in L.ALGORITHMS:
         raise ValueError(
             f"flashkv: argument 'algorithm': expected one of {', '.join(L.ALGORITHMS)}, got {algorithm!r}"
         )
-    o.causal = 1 if causal else 0
+    o.causal = 1 if _bool_arg(causal, "causal") else 0
     o.window_size_left, o.window_size_right = left, right
-    if not isinstance(softcap, (int, float)):
-        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
-    o.softcap = float(softcap)
+    o.softcap = _float_arg(softcap, "softcap", "a float")
     if softmax_scale is not None:
-        if not isinstance(softmax_scale, (int, float)):
-            raise TypeError(
-                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
-            )
         o.has_softmax_scale = 1
-        o.softmax_scale = float(softmax_scale)
+        o.softmax_scale = _float_arg(softmax_scale, "softmax_scale", "a float or None")
         if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
             raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
     o.algorithm = L.ALGORITHMS[algorithm]
-    o.num_threads = int(num_threads)
+    o.num_threads = _int_arg(num_threads, "num_threads", 0)
     o.deterministic = 1 if deterministic else 0
     return o
 
@@ -115,6 +144,19 @@ def _prepare(
     return o, tdo, tq, tk, tv
 
 
+def _set_kernel(o: L.AttentionOptions, kernel: str) -> L.AttentionOptions:
+    """kernel = "auto" | "sm80" | "sm90": the CUDA kernel family (flashkv::KernelFamily; docs/gpu.md)."""
+    if not isinstance(kernel, str) or kernel not in L.KERNEL_FAMILIES:
+        raise ValueError(f"flashkv: argument 'kernel': expected one of {', '.join(L.KERNEL_FAMILIES)}, got {kernel!r}")
+    if kernel != "auto" and o.struct_size < type(o).kernel_family.offset + ctypes.sizeof(ctypes.c_int32):
+        raise L.UnsupportedError(
+            f"flashkv: argument 'kernel': {kernel!r} needs a flashkv library with kernel families (the loaded one "
+            f"predates them)"
+        )
+    o.kernel_family = L.KERNEL_FAMILIES[kernel]
+    return o
+
+
 def _grads_like(tq: TensorArg, tk: TensorArg, tv: TensorArg) -> tuple[TensorArg, TensorArg, TensorArg]:
     """dq, dk, dv outputs shaped like q, k, v (same kind and dtype as q)."""
     return new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
@@ -135,9 +177,59 @@ def _with_stream(o: L.AttentionOptions, args: list[TensorArg]) -> L.AttentionOpt
     return o
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _cu_seqlens(x: Any, name: str) -> TensorArg:
+    """cu_seqlens as an int32 tensor view. int32 arrays/tensors are used as they are (no copy); other integer dtypes
+    (numpy's default int64, uint32, ...) and Python sequences of ints are converted to a new int32 array/tensor after
+    a bounds check (0..2**31 - 1), so the caller's object is never modified. Anything else is a TypeError naming the
+    argument."""
+    if x is None:
+        raise TypeError(f"flashkv: argument '{name}': expected an int32 array or tensor [batch + 1], got None")
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and not isinstance(x, np.ndarray) and callable(getattr(x, "data_ptr", None)):  # torch
+        tname = str(dtype)
+        if tname == "torch.int32":
+            return to_tensor(x, name)
+        if tname not in ("torch.int64", "torch.int16", "torch.int8", "torch.uint8"):
+            raise TypeError(f"flashkv: argument '{name}': expected an int32 (or integer) tensor, got {tname}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) > _INT32_MAX):
+            raise ValueError(
+                f"flashkv: argument '{name}': expected values in 0..{_INT32_MAX} (converted to int32), got "
+                f"min {int(x.min())}, max {int(x.max())}"
+            )
+        return to_tensor(x.to(dtype=_torch_int32()), name)
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__array_interface__") or hasattr(x, "__dlpack__"):
+            return to_tensor(x, name)  # the adapter's own checks and messages
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"flashkv: argument '{name}': expected an int32 array [batch + 1], got {type(x).__name__}") from e
+    if x.dtype == np.int32:
+        return to_tensor(x, name)
+    if x.dtype.kind not in "iu":
+        raise TypeError(
+            f"flashkv: argument '{name}': expected an int32 (or integer, converted) array [batch + 1], got {x.dtype}"
+        )
+    if x.size and (int(x.min()) < 0 or int(x.max()) > _INT32_MAX):
+        raise ValueError(
+            f"flashkv: argument '{name}': expected values in 0..{_INT32_MAX} (converted to int32), got "
+            f"min {int(x.min())}, max {int(x.max())}"
+        )
+    return to_tensor(np.ascontiguousarray(x, dtype=np.int32), name)
+
+
+def _torch_int32() -> Any:
+    import torch  # noqa: PLC0415
+
+    return torch.int32
+
+
 def _max_seqlen(cu: TensorArg, given: int | None, name: str) -> int:
     if given is not None:
-        return int(given)
+        return _int_arg(given, name, 0, 2**63 - 1)
     if len(cu.shape) != 1 or cu.shape[0] < 2 or cu.device != "cpu":
         if cu.device != "cpu":
             raise ValueError(f"flashkv: argument '{name}': expected an int for device tensors, got None")
@@ -159,6 +251,7 @@ def attention(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    kernel: str = "auto",
 ) -> Any:
     """Fixed-length exact attention forward.
 
@@ -172,11 +265,14 @@ def attention(
         algorithm: "tiled" (FA2 order, default), "v1" (FA1 2022 loop order) or "naive" (materializes S and P).
         dtype: None, or "bfloat16" to read uint16 arrays as bfloat16 bit patterns (outputs are uint16 then).
         num_threads: CPU threads, 0 = OpenMP default.
+        kernel: CUDA kernel family: "auto" (default: sm90 on Hopper where compiled, else sm80), "sm80" or "sm90";
+            a family the GPU or build cannot run raises flashkv.UnsupportedError. CPU tensors take only "auto".
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
         return_lse.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
+    _set_kernel(o, kernel)
     _need_rank(tq, 4, "[batch, seqlen_q, num_heads, head_dim]")
     _need_rank(tv, 4, "[batch, seqlen_k, num_heads_kv, head_dim_v]")
     out = new_output(tq, tq.shape[:3] + tv.shape[3:], "out")
@@ -205,6 +301,7 @@ def attention_backward(
     dtype: str | None = None,
     num_threads: int = 0,
     deterministic: bool = False,
+    kernel: str = "auto",
 ) -> tuple[Any, Any, Any]:
     """Fixed-length backward (FA2 Alg. 2: recomputes P = exp(S * scale - lse) tile by tile).
 
@@ -212,12 +309,13 @@ def attention_backward(
     Returns (dq, dk, dv) shaped and typed like q, k, v (same kind as q). Gradients of rows that see no key are 0.
     deterministic: CUDA only (the CPU backward is always deterministic). False (default, as in FlashAttention):
     dq is summed with float32 atomics, so its last bits may differ run to run; True: dq is summed in a fixed order
-    and every gradient is bit-identical run to run, at about half the speed.
+    and every gradient is bit-identical run to run, at about half the speed. kernel: as in `attention`.
     """
     o, tdo, tq, tk, tv = _prepare(
         dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
         deterministic=deterministic,
     )
+    _set_kernel(o, kernel)
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
     dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])
@@ -246,16 +344,19 @@ def attention_varlen(
     *,
     dtype: str | None = None,
     num_threads: int = 0,
+    kernel: str = "auto",
 ) -> Any:
     """Varlen (packed) forward: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against the matching k/v rows.
 
     q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, head_dim(_v)], cu_seqlens_q/k int32 [batch + 1]
-    (0 first, non-decreasing, last = total). max_seqlen_q/k default to the longest sequence (computed from CPU
+    (0 first, non-decreasing, last = total; other integer dtypes such as numpy's default int64, and lists of ints,
+    are converted to int32 after a bounds check). max_seqlen_q/k default to the longest sequence (computed from CPU
     cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
-    [num_heads, total_q] float32 if return_lse). Mask and options as in `attention`, per sequence.
+    [num_heads, total_q] float32 if return_lse). Mask and options (kernel too) as in `attention`, per sequence.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
-    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    _set_kernel(o, kernel)
+    tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
     _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
@@ -290,17 +391,19 @@ def attention_varlen_backward(
     dtype: str | None = None,
     num_threads: int = 0,
     deterministic: bool = False,
+    kernel: str = "auto",
 ) -> tuple[Any, Any, Any]:
     """Varlen backward; lse is [num_heads, total_q] from `attention_varlen(..., return_lse=True)`.
 
-    Returns (dq, dk, dv) shaped and typed like q, k, v. deterministic: as in `attention_backward`.
+    Returns (dq, dk, dv) shaped and typed like q, k, v. deterministic, kernel: as in `attention_backward`.
     """
     o, tdo, tq, tk, tv = _prepare(
         dtype, q, k, v, causal, window_size, softcap, softmax_scale, "tiled", num_threads, dout=dout,
         deterministic=deterministic,
     )
+    _set_kernel(o, kernel)
     tout, tlse = to_tensor(out, "out", dtype), to_tensor(lse, "lse")
-    tcq, tck = to_tensor(cu_seqlens_q, "cu_seqlens_q"), to_tensor(cu_seqlens_k, "cu_seqlens_k")
+    tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     mq, mk = _max_seqlen(tcq, max_seqlen_q, "max_seqlen_q"), _max_seqlen(tck, max_seqlen_k, "max_seqlen_k")
     dq, dk, dv = _grads_like(tq, tk, tv)
     _with_stream(o, [tq, tk, tv])

@@ -32,6 +32,7 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "float64":
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 # flashkv_algorithm
 ALGORITHMS = {"tiled": 0, "v1": 1, "naive": 2}
+KERNEL_FAMILIES = {"auto": 0, "sm80": 1, "sm90": 2}
 
 
 class UnsupportedError(NotImplementedError):
@@ -81,6 +82,7 @@ class AttentionOptions(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("kernel_family", ctypes.c_int32),
     ]
 
 

@@ -51,6 +51,13 @@ AttentionOptions to_options(const flashkv_attention_options* c) {
     o.num_threads = c->num_threads;
   }
   if (FLASHKV_OPT_COVERS(size, stream)) o.stream = c->stream;
+  if (FLASHKV_OPT_COVERS(size, kernel_family)) {
+    if (c->kernel_family < FLASHKV_KERNEL_AUTO || c->kernel_family > FLASHKV_KERNEL_SM90) {
+      throw Error("opts.kernel_family", "FLASHKV_KERNEL_AUTO (0), FLASHKV_KERNEL_SM80 (1) or FLASHKV_KERNEL_SM90 (2)",
+                  std::to_string(c->kernel_family));
+    }
+    o.kernel_family = static_cast<KernelFamily>(c->kernel_family);
+  }
   return o;
 }
 

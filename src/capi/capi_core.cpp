@@ -64,6 +64,7 @@ flashkv_status flashkv_attention_options_default(flashkv_attention_options* opts
     opts->deterministic = d.deterministic ? 1 : 0;
     opts->num_threads = d.num_threads;
     opts->stream = d.stream;
+    opts->kernel_family = static_cast<int32_t>(d.kernel_family);
   });
 }
 

@@ -19,12 +19,17 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cli/command.hpp"
+#include "cli/util_output.hpp"
 #include "cli/util_attention_cli.hpp"
 #include "cli/util_memory.hpp"
+#include "cli/util_parse.hpp"
 #include "cli/util_peak_flops.hpp"
 #include "core/float16.hpp"
 #include "flashkv/attention.hpp"
+#include "flashkv/diagnostics.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/traffic.hpp"
 #include "flashkv/types.hpp"
@@ -46,7 +51,7 @@ struct BenchArgs {
   std::string variant = "all";
   int repeats = 3;
   double max_naive_gib = 8.0;
-  int threads = 0;
+  int64_t threads = 0;
   std::string json_path;
   bool quiet = false;
   std::vector<std::string> argv;  // the exact command, recorded in the JSON
@@ -61,27 +66,8 @@ struct Row {
   double cpu_share = 0;  ///< process CPU time / (wall time × threads) of the best call: < 1 means contention
   int64_t extra_bytes_measured = -1;
   TrafficEstimate model;
+  std::string kernel_path;  ///< flashkv::last_kernel_path() after the timed calls: the kernel that really ran
 };
-
-void check_args(const BenchArgs& a) {
-  for (int64_t s : a.seqlens) {
-    if (s < 1 || s > (int64_t{1} << 20)) throw Error("--seqlen", "values in 1..1048576", std::to_string(s));
-  }
-  for (int64_t d : a.head_dims) {
-    if (d < 1 || d > 256) throw Error("--head-dim", "values in 1..256", std::to_string(d));
-  }
-  if (a.batch < 1) throw Error("--batch", ">= 1", std::to_string(a.batch));
-  if (a.heads < 1) throw Error("--heads", ">= 1", std::to_string(a.heads));
-  if (a.repeats < 1 || a.repeats > 1000) throw Error("--repeats", "1..1000", std::to_string(a.repeats));
-  if (a.threads < 0) throw Error("--threads", ">= 0 (0 = all cores)", std::to_string(a.threads));
-  if (!(a.max_naive_gib > 0)) throw Error("--max-naive-memory", "> 0 GiB", fmt::format("{}", a.max_naive_gib));
-  parse_dtype(a.dtype);
-  parse_variants(a.variant);
-  if (!a.json_path.empty()) {  // fail before minutes of benchmarking, not after
-    std::ofstream probe(a.json_path, std::ios::app);
-    if (!probe) throw Error("--json", "a writable file path", "'" + a.json_path + "'", Status::io);
-  }
-}
 
 std::string human_bytes(double b) {
   if (b < 0) return "n/a";
@@ -90,6 +76,25 @@ std::string human_bytes(double b) {
   while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, unit[u]);
 }
+
+void check_args(const BenchArgs& a) {  // counts are range-checked while parsing (util_parse.hpp)
+  resolve_threads(a.threads);
+  // q, k, v, out of the largest shape must fit in memory (else: one clear line now, not std::bad_alloc later)
+  const long double elt = a.dtype == "float32" ? 4 : 2;
+  const long double need = 4.0L * elt * a.batch * a.heads *
+                           static_cast<long double>(*std::max_element(a.seqlens.begin(), a.seqlens.end())) *
+                           static_cast<long double>(*std::max_element(a.head_dims.begin(), a.head_dims.end()));
+  const long double ram = static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (ram > 0 && need > ram) {
+    throw Error("--batch/--heads/--seqlen/--head-dim", fmt::format("inputs that fit in memory ({} here)", human_bytes(static_cast<double>(ram))),
+                fmt::format("{} for q, k, v and out", human_bytes(static_cast<double>(need))));
+  }
+  if (!(a.max_naive_gib > 0)) throw Error("--max-naive-memory", "> 0 GiB", fmt::format("{}", a.max_naive_gib));
+  parse_dtype(a.dtype);
+  parse_variants(a.variant);
+  check_output_file(a.json_path, "--json");  // fail before minutes of benchmarking, not after
+}
+
 
 /// Random values in [-1, 1) stored in `dtype` (bit patterns for the 16-bit types).
 std::vector<uint16_t> random_tensor16(std::size_t n, DType dtype, std::mt19937& gen) {
@@ -170,11 +175,9 @@ int run(const BenchArgs& a) {
   const DType dtype = parse_dtype(a.dtype);
   const std::vector<Algorithm> variants = parse_variants(a.variant);
   release_freed_memory_eagerly();
+  const int threads = resolve_threads(a.threads);
 #if defined(_OPENMP)
-  if (a.threads > 0) omp_set_num_threads(a.threads);
-  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
-#else
-  const int threads = 1;
+  omp_set_num_threads(threads);
 #endif
   if (!a.quiet) fmt::print(stderr, "[bench] measuring peak float32 FMA rate on {} thread(s)...\n", threads);
   const PeakFlops peak = measure_peak_flops();
@@ -214,7 +217,7 @@ int run(const BenchArgs& a) {
         AttentionOptions opt;
         opt.causal = a.causal;
         opt.algorithm = alg;
-        opt.num_threads = a.threads;
+        opt.num_threads = threads;
         if (!a.quiet) {
           fmt::print(stderr, "[{}/{}] {} seqlen={} head_dim={}: running {} call(s) of {:.1f} GFLOP each...\n", done,
                      total, r.variant, seqlen, d, a.repeats, flops * 1e-9);
@@ -226,6 +229,7 @@ int run(const BenchArgs& a) {
           const double cpu0 = process_cpu_ms();
           const auto t0 = std::chrono::steady_clock::now();
           attention_forward(buf.q, buf.k, buf.v, buf.out, &buf.lse_view, opt);
+          r.kernel_path = last_kernel_path();
           ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
           const double share = (process_cpu_ms() - cpu0) / (ms.back() * threads);
           if (probe) r.extra_bytes_measured = probe->peak_extra_bytes();
@@ -252,23 +256,25 @@ int run(const BenchArgs& a) {
   fmt::print("peak float32 FMA rate (measured, {} x {} lanes, {} threads): {:.1f} GFLOP/s at cpu% {:.0f}% "
              "({:.1f} GFLOP/s per held core-set)\n",
              peak.isa, peak.lanes, peak.threads, peak.gflops, 100.0 * peak.cpu_share, peak.gflops_per_cpu());
-  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>5} {:>9} {:>7} {:>12} {:>12} {:>12}\n", "variant", "seqlen", "d",
-             "best ms", "median ms", "cpu%", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved");
+  fmt::print("{:<6} {:>7} {:>4} {:>11} {:>11} {:>5} {:>9} {:>7} {:>12} {:>12} {:>12}  {}\n", "variant", "seqlen", "d",
+             "best ms", "median ms", "cpu%", "GFLOP/s", "% peak", "extra mem", "(model)", "bytes moved",
+             "kernel path");
   for (const Row& r : rows) {
     if (r.skipped) {
       fmt::print("{:<6} {:>7} {:>4}  skipped: {}\n", r.variant, r.seqlen, r.head_dim, r.skip_reason);
       continue;
     }
-    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>4.0f}% {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}\n", r.variant,
-               r.seqlen, r.head_dim, r.best_ms, r.median_ms, 100.0 * r.cpu_share, r.gflops, r.pct_peak,
+    fmt::print("{:<6} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>4.0f}% {:>9.1f} {:>6.1f}% {:>12} {:>12} {:>12}  {}\n",
+               r.variant, r.seqlen, r.head_dim, r.best_ms, r.median_ms, 100.0 * r.cpu_share, r.gflops, r.pct_peak,
                human_bytes(static_cast<double>(r.extra_bytes_measured)),
-               human_bytes(r.model.extra_memory_bytes), human_bytes(r.model.bytes_total));
+               human_bytes(r.model.extra_memory_bytes), human_bytes(r.model.bytes_total), r.kernel_path);
   }
   fmt::print("cpu% = process CPU time / (wall time x threads) of the best call (below 100%: other processes took "
              "cores; timings are then pessimistic)\n");
   fmt::print("FLOPs = 4*batch*heads*seqlen^2*head_dim{}; extra mem = peak resident growth during the first call "
              "(VmHWM); (model) and bytes moved (slow<->fast memory) from include/flashkv/traffic.hpp\n",
              a.causal ? " / 2 (causal)" : "");
+  fmt::print("kernel path = flashkv::last_kernel_path() after the row's calls (what FLASHKV_LOG=1 prints per call)\n");
 
   // ---- JSON --------------------------------------------------------------------------------------------------------
   if (!a.json_path.empty()) {
@@ -304,6 +310,7 @@ int run(const BenchArgs& a) {
         e["gflops"] = r.gflops;
         e["pct_of_peak"] = r.pct_peak;
         e["extra_memory_bytes_measured"] = r.extra_bytes_measured;
+        e["kernel_path"] = r.kernel_path;
       }
       e["extra_memory_bytes_model"] = r.model.extra_memory_bytes;
       e["bytes_moved"] = r.model.bytes_total;
@@ -324,24 +331,21 @@ int run(const BenchArgs& a) {
 
 void register_bench_attention(CLI::App& root) {
   CLI::App* bench = group(root, "bench", "Benchmarks (results: bench/results/)");
+  bench->require_subcommand(1);  // `flashkv bench` alone: "a subcommand is required", exit 2 (was: nothing, exit 0)
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench->add_subcommand("attention", "Time naive vs v1 vs v2 (tiled) exact attention forward");
-  cmd->add_option("--seqlen", args->seqlens, "sequence lengths (seqlen_q = seqlen_k), comma separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dims, "head dimensions, comma separated")
-      ->delimiter(',')
-      ->capture_default_str();
-  cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
-  cmd->add_option("--heads", args->heads, "number of heads (num_heads = num_heads_kv)")->capture_default_str();
+  add_count_list_option(cmd, "--seqlen", args->seqlens, "sequence lengths (seqlen_q = seqlen_k), comma separated; 4k = 4096",
+                        1, int64_t{1} << 20);
+  add_count_list_option(cmd, "--head-dim", args->head_dims, "head dimensions, comma separated", 1, 256);
+  add_count_option(cmd, "--batch", args->batch, "batch size", 1, int64_t{1} << 20);
+  add_count_option(cmd, "--heads", args->heads, "number of heads (num_heads = num_heads_kv)", 1, 4096);
   cmd->add_flag("--causal", args->causal, "causal mask (FLOPs halved)");
   cmd->add_option("--dtype", args->dtype, "float32 | float16 | bfloat16")->capture_default_str();
   cmd->add_option("--variant", args->variant, "naive | v1 | v2 | all")->capture_default_str();
-  cmd->add_option("--repeats", args->repeats, "timed runs per point (best and median reported)")
-      ->capture_default_str();
+  add_count_option(cmd, "--repeats", args->repeats, "timed runs per point (best and median reported)", 1, 1000);
   cmd->add_option("--max-naive-memory", args->max_naive_gib, "skip naive where its S/P scratch exceeds this (GiB)")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")->capture_default_str();
+  cmd->add_option("--threads", args->threads, kThreadsHelp)->capture_default_str();
   cmd->add_option("--json", args->json_path, "also write the results as JSON to this file");
   cmd->add_flag("--quiet", args->quiet, "no progress on stderr");
   cmd->callback([args, cmd] {

@@ -9,6 +9,7 @@
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
 #include "cli/util_json.hpp"
 #include "eval/report.hpp"
 #include "eval/speed.hpp"
@@ -27,15 +28,15 @@ void run(const BenchEngineArgs& a) {
   using namespace flashkv;
   if (a.threads < 0) throw Error("threads", ">= 0 (0 = OpenMP default)", std::to_string(a.threads));
   eval::SpeedOptions o;
-  o.contexts = cli::parse_token_counts(a.contexts, "contexts");
+  o.contexts = cli::parse_token_counts(a.contexts, "--contexts");
   o.n_prompt = a.n_prompt;
   o.n_gen = a.n_gen;
   o.repeats = a.repeats;
   o.ubatch = a.ubatch;
-  cli::check_output_file(a.json, "json");
+  cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   KVCacheSpec defaults;
   defaults.page_size = a.page_size;
-  for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);
+  (void)cli::parse_kv_list(a.kv_cache, defaults, 256);  // grammar errors before loading
   if (a.threads > 0) omp_set_num_threads(a.threads);
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, lm.model.config.head_dim);

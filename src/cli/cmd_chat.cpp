@@ -9,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -66,14 +67,9 @@ void run(const ChatArgs& a) {
                       std::to_string(turn + 1));
     const int32_t context_before = engine.length(seq);
     if (!a.json && !interactive) std::printf("user: %s\nassistant: ", user.c_str());
-    auto stream = [&](int32_t prev, int32_t t) {
-      if (a.json) return;
-      std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
-      std::fflush(stdout);
-    };
     GenerateOptions go;
     go.steps = a.steps;
-    go.on_token = stream;
+    go.on_token = flashkv::cli::stdout_streamer(tok, a.json);
     GenerationResult g = generate_in(engine, seq, chunk, sampler, go);
     const std::string reply = tok.decode(g.tokens);
     fed = rendered + reply;
@@ -103,8 +99,9 @@ void register_chat(CLI::App& root) {
                   "a user turn (repeatable; default: read one turn per line from stdin until EOF)");
   sub->add_option("--system", args->system, "system message (default: the template's own)")
       ->each([args](const std::string&) { args->system_given = true; });
-  sub->add_option("--steps", args->steps, "maximum tokens per reply (default 256)");
-  sub->add_option("--context", args->context, "KV cache context in tokens (default: the model's context length)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps, "maximum tokens per reply (default 256)", 1, 1 << 30);
+  flashkv::cli::add_count_option(sub, "--context", args->context,
+                                 "KV cache context in tokens (default 0: the model's context length)", 0, 1 << 30);
   flashkv::cli::add_sampler_options(sub, args->sampling, 0.2f);
   sub->add_flag("--json", args->json, "print one JSON object per turn (reply, tokens, the rendered context)");
   flashkv::cli::add_kv_options(sub, args->kv);

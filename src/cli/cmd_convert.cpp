@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/command.hpp"
+#include "cli/util_output.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -16,6 +17,7 @@ void run(const ConvertArgs& a) {
   if (a.to != "gguf" && a.to != "llama2c")
     throw Error("to", "'gguf' or 'llama2c' (version 1, float32)", "'" + a.to + "'");
   const GgufType type = parse_gguf_type(a.type, "type");
+  flashkv::cli::check_output_file(a.output, "--output");  // before loading and converting
   LoadedModel lm = load_model_with_tokenizer(a.model, a.tokenizer);
   if (a.to == "gguf") {
     write_gguf(lm.model, *lm.tokenizer, a.output, type);

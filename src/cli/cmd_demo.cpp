@@ -9,8 +9,10 @@
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
-#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
+#include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/demo.hpp"
 #include "eval/report.hpp"
 #include "flashkv/engine.hpp"
@@ -28,18 +30,18 @@ struct DemoArgs {
 void run(const DemoArgs& a) {
   using namespace flashkv;
   const auto t0 = std::chrono::steady_clock::now();
-  cli::check_output_file(a.json, "json");
+  cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   eval::DemoOptions o;
   o.prompt = a.prompt;
   o.steps = a.steps;
   o.chunks = a.chunks;
   o.text_path = a.text;
   if (!a.ctx.empty()) {
-    const auto v = cli::parse_token_counts(a.ctx, "ctx");
-    if (v.size() != 1) throw Error("ctx", "one context length", "'" + a.ctx + "'");
+    const auto v = cli::parse_token_counts(a.ctx, "--ctx");
+    if (v.size() != 1) throw Error("--ctx", "one context length", "'" + a.ctx + "'");
     o.context = v.front();
   }
-  for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, KVCacheSpec{}, 256);
+  (void)cli::parse_kv_list(a.kv_cache, KVCacheSpec{}, 256);  // grammar errors before loading
   const std::string& model = a.model;
   LoadedModel lm = load_named_model(model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
@@ -101,10 +103,10 @@ void register_demo(CLI::App& root) {
   CLI::App* sub = root.add_subcommand("demo", "the main job on a real model: every KV format side by side");
   flashkv::cli::add_model_options(sub, args->model, args->tokenizer, "smollm2-135m");
   sub->add_option("--text", args->text, "prose for the quality columns (default /usr/share/common-licenses/GPL-3)");
-  sub->add_option("--ctx", args->ctx, "context of the comparison (default 2k, capped at the model's)");
-  sub->add_option("--chunks", args->chunks, "quality chunks of --ctx tokens (default 1)");
+  flashkv::cli::add_nonempty_option(sub, "--ctx", args->ctx, "context of the comparison (default 2k, capped at the model's)");
+  flashkv::cli::add_count_option(sub, "--chunks", args->chunks, "quality chunks of --ctx tokens (default 1)", 1, 1 << 20);
   sub->add_option("--prompt", args->prompt, "greedy prompt (default: BOS, or a fixed question for chat models)");
-  sub->add_option("--steps", args->steps, "greedy tokens per format (default 48)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps, "greedy tokens per format (default 0: 48)", 0, 1 << 30);
   sub->add_option("--kv-cache", args->kv_cache,
                   "formats (default: fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r32; KIVI G = 32, 16 at head_dim 16)")
       ->expected(1, -1);

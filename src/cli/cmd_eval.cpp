@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
-#include "cli/util_model_cli.hpp"
 #include "cli/util_json.hpp"
+#include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/demo.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/perplexity.hpp"
@@ -42,10 +45,10 @@ void run_text(const EvalArgs& a, const flashkv::LoadedModel& lm, const std::vect
   if (!f) throw IoError("flashkv: cannot open text file '" + a.text_file + "'");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const std::vector<int32_t> contexts =
-      a.ctx.empty() ? std::vector<int32_t>{std::min(512, c.seq_len)} : cli::parse_token_counts(a.ctx, "ctx");
+      a.ctx.empty() ? std::vector<int32_t>{std::min(512, c.seq_len)} : cli::parse_token_counts(a.ctx, "--ctx");
   for (int32_t n : contexts)
     if (n < 4 || n > c.seq_len)
-      throw Error("ctx", "4.." + std::to_string(c.seq_len) + " tokens (the model's context)", std::to_string(n));
+      throw Error("--ctx", "4.." + std::to_string(c.seq_len) + " tokens (the model's context)", std::to_string(n));
   const std::vector<int32_t> tokens = eval::text_tokens(*lm.tokenizer, text);
   nlohmann::json j = eval::run_info();
   j["model"] = a.model;
@@ -102,18 +105,23 @@ void run(CLI::App* group, const EvalArgs& a) {
   if (a.model.empty())
     throw Error("model", "--model NAME|PATH (e.g. smollm2-135m), or a subcommand (`eval kv`, `eval passkey`)", "nothing");
   if (!a.text_file.empty() && !a.tokens_file.empty()) throw Error("text/tokens", "at most one of --text and --tokens", "both");
-  if (!a.ctx.empty() && a.text_file.empty()) throw Error("ctx", "--text FILE (--ctx sets its chunk length)", "no --text");
-  if (a.ubatch < 1) throw Error("ubatch", ">= 1 tokens", std::to_string(a.ubatch));
-  if (a.chunks < 0) throw Error("chunks", ">= 0 (0 = all)", std::to_string(a.chunks));
-  cli::check_output_file(a.json, "json");
-  cli::check_output_file(a.plot, "plot");
+  if (!a.ctx.empty() && a.text_file.empty()) throw Error("--ctx", "--text FILE (--ctx sets its chunk length)", "no --text");
+  for (const auto& [path, option] : {std::pair{a.text_file, "--text"}, std::pair{a.tokens_file, "--tokens"}}) {
+    if (!path.empty() && !std::filesystem::is_regular_file(path)) {
+      throw Error(option, "a readable file", "'" + path + "' (" +
+                  (std::filesystem::exists(path) ? "not a regular file" : "no such file") + ")", Status::io);
+    }
+  }
+  // every output path is checked before the model is loaded and the evaluation runs
+  flashkv::cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
+  flashkv::cli::check_output_file(a.plot, "--plot");
   KVCacheSpec defaults;
   defaults.residual = a.residual;
   defaults.sinks = a.sinks;
   if (a.rotate != "none" && a.rotate != "hadamard") throw Error("rotate", "'none' or 'hadamard'", "'" + a.rotate + "'");
   defaults.rotate = a.rotate == "hadamard";
   defaults.page_size = a.page_size;
-  for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);  // grammar errors before loading
+  (void)cli::parse_kv_list(a.kv_cache, defaults, 256);  // grammar errors before loading
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, c.head_dim);
@@ -167,21 +175,26 @@ void register_eval(CLI::App& root) {
                 "formats to compare: DTYPE[+rN][+sN][+hadamard][+pN] ... (e.g. int8 int4 int2_kivi+r32 k:int8,v:int4; "
                 "KIVI without _gN takes the largest group that fits head_dim; default: the demo's list)")
       ->expected(1, -1);
+  using flashkv::cli::add_count_option;
   g->add_option("--text", args->text_file,
                 "perplexity + KL on this UTF-8 text with llama-perplexity's protocol (chunks of --ctx, prefilled "
                 "through the cache, second half of each chunk scored)");
-  g->add_option("--ctx", args->ctx, "--text chunk lengths, e.g. 512,2k,8k (default: 512 or the model's context)");
-  g->add_option("--chunks", args->chunks, "--text: at most this many chunks per context (default 0 = all)");
-  g->add_option("--ubatch", args->ubatch, "--text: tokens per prefill call through the cache (default 512, as llama.cpp)");
-  g->add_option("--samples", args->samples, "sequences sampled from the fp32 model (default 8)");
-  g->add_option("--length", args->length, "tokens per sampled sequence (default: the model's context)");
+  flashkv::cli::add_nonempty_option(g, "--ctx", args->ctx,
+                                    "--text chunk lengths, e.g. 512,2k,8k (default: 512 or the model's context)");
+  add_count_option(g, "--chunks", args->chunks, "--text: at most this many chunks per context (default 0 = all)", 0,
+                   1 << 20);
+  add_count_option(g, "--ubatch", args->ubatch,
+                   "--text: tokens per prefill call through the cache (default 512, as llama.cpp)", 1, 1 << 20);
+  add_count_option(g, "--samples", args->samples, "sequences sampled from the fp32 model (default 8)", 1, 1 << 20);
+  add_count_option(g, "--length", args->length, "tokens per sampled sequence (default 0: the model's context)", 0,
+                   1 << 30);
   g->add_option("--seed", args->seed, "sampling seed (default 1)");
   g->add_option("--tokens", args->tokens_file, "evaluate on token ids: one sequence per line (decoded token by token)");
-  g->add_option("--batch", args->batch, "sequences decoded together (default: all)");
-  g->add_option("--residual", args->residual, "default residual window for every format");
-  g->add_option("--sinks", args->sinks, "default sink tokens for every format");
+  add_count_option(g, "--batch", args->batch, "sequences decoded together (default 0: all)", 0, 1 << 20);
+  add_count_option(g, "--residual", args->residual, "default residual window for every format", 0, 1 << 30);
+  add_count_option(g, "--sinks", args->sinks, "default sink tokens for every format", 0, 1 << 30);
   g->add_option("--rotate", args->rotate, "default rotation: none | hadamard");
-  g->add_option("--page-size", args->page_size, "tokens per cache page (default 32)");
+  add_count_option(g, "--page-size", args->page_size, "tokens per cache page (default 32)", 1, 1 << 20);
   g->add_option("--json", args->json, "write the results as JSON to this file ('-' = stdout)");
   g->add_option("--plot", args->plot, "write an SVG plot of mean KL vs effective bits to this file");
   g->add_flag("--progress", args->progress, "always show the progress bar (default: only on a terminal)");

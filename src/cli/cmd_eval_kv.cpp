@@ -6,6 +6,7 @@
 //
 //   flashkv eval kv
 //   flashkv eval kv --formats bf16,int8,int4,int2_kivi --needle-contexts 1k,32k,128k --heatmap-dir out/ --json r.json
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,10 @@
 
 #include "cli/command.hpp"
 #include "cli/util_json.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "flashkv/error.hpp"
+#include "flashkv/kvcache.hpp"
 #include "kvcache/quality/quality.hpp"
 
 namespace {
@@ -38,30 +42,6 @@ struct EvalKvArgs {
   uint64_t seed = 1;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-int64_t parse_count(const std::string& s, const char* arg) {
-  if (s.empty()) throw flashkv::Error(arg, "token counts like 1024, 4k or 128k", "''");
-  int64_t mult = 1;
-  std::string num = s;
-  if (s.back() == 'k' || s.back() == 'K') {
-    mult = 1024;
-    num = s.substr(0, s.size() - 1);
-  }
-  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) {
-    throw flashkv::Error(arg, "token counts like 1024, 4k or 128k", "'" + s + "'");
-  }
-  return std::stoll(num) * mult;
-}
-
 std::string safe_name(const std::string& s) {
   std::string o;
   for (char c : s) o += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-') ? c : '_';
@@ -70,25 +50,37 @@ std::string safe_name(const std::string& s) {
 
 void run(const EvalKvArgs& a) {
   using namespace flashkv;
-  if (a.rotate != "none" && a.rotate != "hadamard") throw Error("rotate", "'none' or 'hadamard'", "'" + a.rotate + "'");
-  if (a.needle_depths < 2 || a.needle_depths > 101) {
-    throw Error("needle-depths", "2..101", std::to_string(a.needle_depths));
+  if (a.rotate != "none" && a.rotate != "hadamard") throw Error("--rotate", "'none' or 'hadamard'", "'" + a.rotate + "'");
+  // lists and counts: src/cli/util_parse.hpp (no empty items, 4k = 4096); output paths checked before any work
+  const std::vector<std::string> formats = flashkv::cli::parse_kv_format_list({a.formats}, "--formats");
+  if (a.head_dim % 2 != 0 || a.head_dim < 4) {
+    throw Error("--head-dim", "an even value in 4..256 (the synthetic K/V generators)", std::to_string(a.head_dim));
   }
+  if (!std::isfinite(a.margin)) throw Error("--margin", "a finite score margin", std::to_string(a.margin));
+  for (const std::string& f : formats) {  // fail fast on a typo or a format these settings cannot hold
+    KVCacheConfig c;
+    c.head_dim = a.head_dim;
+    c.page_size = a.page_size;
+    c.residual_tokens = a.residual;
+    c.sink_tokens = a.sinks;
+    c.rotation = a.rotate == "hadamard" ? KVRotation::hadamard : KVRotation::none;
+    c.capacity_pages = 1;
+    c.with_kv_cache_dtype(f).validate();
+  }
+  std::vector<kvq::Distribution> dists;
+  for (const std::string& d : flashkv::cli::parse_list(a.distributions, "--distributions")) {
+    dists.push_back(kvq::parse_distribution(d));
+  }
+  std::vector<int64_t> contexts;
+  if (!a.no_needle) contexts = flashkv::cli::parse_count_list(a.needle_contexts, "--needle-contexts", 1, int64_t{1} << 24);
+  flashkv::cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
+  if (!a.no_needle) flashkv::cli::prepare_output_dir(a.heatmap_dir, "--heatmap-dir");
   kvq::CacheSettings st;
   st.page_size = a.page_size;
   st.residual_tokens = a.residual;
   st.sink_tokens = a.sinks;
   st.hadamard = a.rotate == "hadamard";
   st.rotation_seed = a.seed;
-  const std::vector<std::string> formats = split(a.formats);
-  if (formats.empty()) throw Error("formats", "a comma-separated list of kv_cache_dtype strings", "''");
-  for (const std::string& f : formats) (void)parse_kv_cache_dtype(f);  // fail fast on a typo
-  std::vector<kvq::Distribution> dists;
-  for (const std::string& d : split(a.distributions)) dists.push_back(kvq::parse_distribution(d));
-  std::vector<int64_t> contexts;
-  if (!a.no_needle) {
-    for (const std::string& c : split(a.needle_contexts)) contexts.push_back(parse_count(c, "needle-contexts"));
-  }
   std::vector<double> depths;
   for (int32_t i = 0; i < a.needle_depths; ++i) depths.push_back(static_cast<double>(i) / (a.needle_depths - 1));
 
@@ -124,7 +116,6 @@ void run(const EvalKvArgs& a) {
                 a.needle_depths, a.margin, "format");
     for (int64_t n : contexts) std::printf(" %8lld", static_cast<long long>(n));
     std::printf("\n");
-    if (!a.heatmap_dir.empty()) std::filesystem::create_directories(a.heatmap_dir);
     for (const std::string& f : formats) {
       const kvq::NeedleResult r = kvq::needle_test(f, st, contexts, depths, a.margin, a.head_dim, a.seed);
       std::printf("%-22s", f.c_str());
@@ -157,15 +148,17 @@ void register_eval_kv(CLI::App& root) {
   CLI::App* kv = g->add_subcommand("kv", "attention-level KV-format quality on synthetic K/V + needle test");
   kv->add_option("--formats", args->formats, "comma-separated kv_cache_dtype strings (e.g. bf16,int8,k:int8,v:int4)");
   kv->add_option("--distributions", args->distributions, "gaussian,outlier,rope,sink");
-  kv->add_option("--tokens", args->tokens, "cached tokens for the error metrics (default 4096)");
-  kv->add_option("--queries", args->queries, "query heads sharing the KV head (default 8)");
-  kv->add_option("--head-dim", args->head_dim, "head_dim (default 128)");
-  kv->add_option("--page-size", args->page_size, "tokens per page (default 32)");
-  kv->add_option("--residual", args->residual, "most recent tokens kept bf16 (default 0)");
-  kv->add_option("--sinks", args->sinks, "first tokens kept bf16 (default 0)");
+  using flashkv::cli::add_count_option;
+  add_count_option(kv, "--tokens", args->tokens, "cached tokens for the error metrics (default 4096; 4k = 4096)", 1,
+                   int64_t{1} << 24);
+  add_count_option(kv, "--queries", args->queries, "query heads sharing the KV head (default 8)", 1, 4096);
+  add_count_option(kv, "--head-dim", args->head_dim, "head_dim (default 128)", 1, 256);
+  add_count_option(kv, "--page-size", args->page_size, "tokens per page (default 32)", 1, 1 << 20);
+  add_count_option(kv, "--residual", args->residual, "most recent tokens kept bf16 (default 0)", 0, 1 << 30);
+  add_count_option(kv, "--sinks", args->sinks, "first tokens kept bf16 (default 0)", 0, 1 << 30);
   kv->add_option("--rotate", args->rotate, "none | hadamard");
   kv->add_option("--needle-contexts", args->needle_contexts, "context lengths, e.g. 1k,4k,32k,128k (default 1k,4k,16k)");
-  kv->add_option("--needle-depths", args->needle_depths, "depths 0..100% evenly (default 11)");
+  add_count_option(kv, "--needle-depths", args->needle_depths, "depths 0..100% evenly (default 11)", 2, 101);
   kv->add_option("--margin", args->margin, "needle score margin over the distractors' log-sum-exp (default 1.5: exact softmax mass 0.82)");
   kv->add_flag("--no-needle", args->no_needle, "skip the needle test");
   kv->add_option("--heatmap-dir", args->heatmap_dir, "write needle-<format>.svg heatmaps here");

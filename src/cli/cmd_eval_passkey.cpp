@@ -12,6 +12,7 @@
 #include "cli/command.hpp"
 #include "cli/util_eval_cli.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
 #include "cli/util_json.hpp"
 #include "eval/passkey.hpp"
 #include "eval/report.hpp"
@@ -38,8 +39,8 @@ std::string safe_name(const std::string& s) {
 void run(const PasskeyArgs& a) {
   using namespace flashkv;
   eval::PasskeyOptions o;
-  o.contexts = cli::parse_token_counts(a.contexts, "contexts");
-  o.depths = cli::parse_percents(a.depths, "depths");
+  o.contexts = cli::parse_token_counts(a.contexts, "--contexts");
+  o.depths = cli::parse_percents(a.depths, "--depths");
   o.keys = a.keys;
   o.answer_tokens = a.answer_tokens;
   o.ubatch = a.ubatch;
@@ -48,14 +49,14 @@ void run(const PasskeyArgs& a) {
   if (a.answer_tokens < 1) throw Error("answer-tokens", ">= 1", std::to_string(a.answer_tokens));
   if (a.ubatch < 1) throw Error("ubatch", ">= 1 tokens", std::to_string(a.ubatch));
   if (a.rotate != "none" && a.rotate != "hadamard") throw Error("rotate", "'none' or 'hadamard'", "'" + a.rotate + "'");
-  cli::check_output_file(a.json, "json");
-  cli::check_output_dir(a.heatmap_dir, "heatmap-dir");
+  cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
+  cli::prepare_output_dir(a.heatmap_dir, "--heatmap-dir");
   KVCacheSpec defaults;
   defaults.residual = a.residual;
   defaults.sinks = a.sinks;
   defaults.rotate = a.rotate == "hadamard";
   defaults.page_size = a.page_size;
-  for (const auto& item : a.kv_cache) (void)cli::parse_kv_list({item}, defaults, 256);
+  (void)cli::parse_kv_list(a.kv_cache, defaults, 256);  // grammar errors before loading
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   for (int32_t n : o.contexts)

@@ -18,6 +18,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_attention_cli.hpp"
+#include "cli/util_parse.hpp"
 #include "cpu/online_softmax.hpp"
 #include "flashkv/error.hpp"
 
@@ -96,7 +97,7 @@ int run(const OnlineSoftmaxArgs& a) {
       fmt::print("    l = {:.6f}   O = {}\n", st.l, vec(o.data(), dv));
     }
     std::vector<float> out(static_cast<std::size_t>(dv));
-    const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data());
+    const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data(), /*has_keys=*/n > 0);
     fmt::print("  final: out = O / l = {}   lse = m + log(l) = {:.6f}\n", vec(out.data(), dv), lse);
 
     // Exact softmax in float64 over all keys at once (no tiling, no running max).
@@ -129,10 +130,10 @@ void register_explain_online_softmax(CLI::App& root) {
   auto args = std::make_shared<OnlineSoftmaxArgs>();
   CLI::App* cmd = explain->add_subcommand(
       "online-softmax", "Print m, l and O after each K/V tile (with the exp(m_old - m_new) rescale) for a random row");
-  cmd->add_option("--seqlen-k", args->seqlen_k, "number of keys")->capture_default_str();
-  cmd->add_option("--block-n", args->block_n, "keys per K/V tile")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "head dimension")->capture_default_str();
-  cmd->add_option("--rows", args->rows, "query rows (a small query block, 1..8)")->capture_default_str();
+  add_count_option(cmd, "--seqlen-k", args->seqlen_k, "number of keys (1..4096)", 1, 4096);
+  add_count_option(cmd, "--block-n", args->block_n, "keys per K/V tile (1..--seqlen-k)", 1, 4096);
+  add_count_option(cmd, "--head-dim", args->head_dim, "head dimension", 1, 256);
+  add_count_option(cmd, "--rows", args->rows, "query rows (a small query block, 1..8)", 1, 8);
   cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
   cmd->callback([args] {
     // A mismatch would be a kernel bug: main() reports it as an internal error (exit 1).

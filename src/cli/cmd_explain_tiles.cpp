@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/command.hpp"
+#include "cli/util_parse.hpp"
 #include "cli/util_attention_cli.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/traffic.hpp"
@@ -29,7 +30,7 @@ struct TilesArgs {
   bool causal = false;
   std::string dtype = "float32";
   std::string variant = "all";
-  int threads = 2;
+  int64_t threads = 2;
 };
 
 std::string kib(double b) {
@@ -95,11 +96,8 @@ void print_v2(const TrafficShape& s) {
 }
 
 int run(const TilesArgs& a) {
-  if (a.seqlen < 1 || a.seqlen > (int64_t{1} << 24)) throw Error("--seqlen", "1..16777216", std::to_string(a.seqlen));
-  if (a.head_dim < 1 || a.head_dim > 256) throw Error("--head-dim", "1..256", std::to_string(a.head_dim));
-  if (a.batch < 1) throw Error("--batch", ">= 1", std::to_string(a.batch));
-  if (a.heads < 1) throw Error("--heads", ">= 1", std::to_string(a.heads));
-  if (a.threads < 1) throw Error("--threads", ">= 1", std::to_string(a.threads));
+  // counts are range-checked while parsing (util_parse.hpp); --threads 0 = all cores, as everywhere
+  const int threads = resolve_threads(a.threads);
   const std::vector<Algorithm> variants = parse_variants(a.variant);
   TrafficShape s;
   s.batch = a.batch;
@@ -134,7 +132,7 @@ int run(const TilesArgs& a) {
     TrafficShape w = s;
     int64_t items = s.batch * s.num_heads;
     if (alg == Algorithm::tiled) items *= (s.seqlen_q + s.block_m - 1) / s.block_m;
-    w.num_workers = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(a.threads, items)));
+    w.num_workers = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
     return estimate_traffic(alg, w);
   };
   for (Algorithm alg : variants) {
@@ -160,14 +158,16 @@ void register_explain_tiles(CLI::App& root) {
   auto args = std::make_shared<TilesArgs>();
   CLI::App* cmd = explain->add_subcommand(
       "tiles", "Life of the S, P and O tiles per variant (where, when created/rescaled/written) and bytes moved");
-  cmd->add_option("--seqlen", args->seqlen, "seqlen_q = seqlen_k")->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "head dimension")->capture_default_str();
+  add_count_option(cmd, "--seqlen", args->seqlen, "seqlen_q = seqlen_k (4k = 4096)", 1, int64_t{1} << 24);
+  add_count_option(cmd, "--head-dim", args->head_dim, "head dimension", 1, 256);
   cmd->add_option("--variant", args->variant, "naive | v1 | v2 | all")->capture_default_str();
-  cmd->add_option("--batch", args->batch, "batch size")->capture_default_str();
-  cmd->add_option("--heads", args->heads, "number of heads")->capture_default_str();
+  add_count_option(cmd, "--batch", args->batch, "batch size", 1, int64_t{1} << 20);
+  add_count_option(cmd, "--heads", args->heads, "number of heads", 1, 4096);
   cmd->add_flag("--causal", args->causal, "causal mask (skipped tiles are not counted)");
   cmd->add_option("--dtype", args->dtype, "float32 | float16 | bfloat16")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "concurrent workers, for the extra-memory column")
+  cmd->add_option("--threads", args->threads,
+                  "concurrent workers, for the extra-memory column (0 = all cores: OMP_NUM_THREADS if set, else every "
+                  "hardware thread)")
       ->capture_default_str();
   cmd->callback([args] { run(*args); });
 }

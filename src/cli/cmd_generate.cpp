@@ -7,7 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cli/util_kv_memory.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -33,6 +36,7 @@ void run(const GenerateArgs& a) {
   if (a.steps <= 0) throw Error("steps", "a positive number of tokens", std::to_string(a.steps));
   if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("prompt", "either --prompt or --prompt-file", "both");
   if (a.system_given && !a.chat) throw Error("system", "--system together with --chat", "--system without --chat");
+  flashkv::cli::check_output_file(a.logits_out, "logits-out");
   const KVCacheSpec spec = a.kv.spec();
   const SamplerConfig sc = a.sampling.config();
   const std::string user_text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file, "--prompt-file");
@@ -55,16 +59,11 @@ void run(const GenerateArgs& a) {
                 std::to_string(prompt.size()) + " tokens");
   Sampler sampler(sc);
   if (!a.json && !a.chat) std::fputs(prompt_text.c_str(), stdout);
-  auto stream = [&](int32_t prev, int32_t t) {
-    if (a.json) return;
-    std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
-    std::fflush(stdout);
-  };
   GenerateOptions go;
   go.steps = a.steps;
   go.keep_logits = !a.logits_out.empty();
   go.ignore_stop_tokens = a.ignore_eos;
-  go.on_token = stream;
+  go.on_token = flashkv::cli::stdout_streamer(tok, a.json);
   GenerationResult g = generate(engine, prompt, sampler, go);
   if (!a.logits_out.empty()) {
     std::ofstream f(a.logits_out, std::ios::binary | std::ios::trunc);
@@ -75,7 +74,11 @@ void run(const GenerateArgs& a) {
   }
   const double prefill_tps = g.prefill_seconds > 0 ? static_cast<double>(prompt.size()) / g.prefill_seconds : 0.0;
   const double decode_tps = g.decode_seconds > 0 ? g.decode_steps / g.decode_seconds : 0.0;
-  const double bf16_bytes = g.kv.bf16_bytes_per_token * static_cast<double>(g.kv.tokens);
+  // "vs bf16": one formula and wording with `flashkv kv-mem` (src/cli/util_kv_memory.hpp): a bf16 cache of the same
+  // shape, page size and tokens, pages counted on both sides.
+  const ModelConfig& mc = lm.model.config;
+  const double bf16_bytes = static_cast<double>(flashkv::cli::bf16_reference_bytes(
+      mc.n_layers, mc.num_heads_kv, mc.head_dim, engine.spec().page_size, 1, static_cast<int64_t>(g.kv.tokens)));
   if (a.json) {
     nlohmann::json j = {{"model", lm.alias.empty() ? lm.model.path : lm.alias}, {"prompt", prompt_text},
                         {"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens},
@@ -85,6 +88,7 @@ void run(const GenerateArgs& a) {
                         {"decode_steps", g.decode_steps},
                         {"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
                         {"kv_bytes", g.kv.bytes}, {"kv_tokens", g.kv.tokens}, {"kv_bf16_bytes", bf16_bytes},
+                        {"kv_vs_bf16", flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes))},
                         {"kv_effective_bits", g.kv.effective_bits}, {"model_format", checkpoint_format_name(lm.model.format)},
                         {"blas", engine_blas_info()}};
     // Decoded bytes need not be valid UTF-8 (a token may end inside a character): invalid bytes become U+FFFD.
@@ -94,9 +98,9 @@ void run(const GenerateArgs& a) {
   std::printf("\n---\n");
   std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s\n", prompt.size(),
               prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop));
-  std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element) vs bf16 %.0f bytes (%.2fx smaller)\n",
-              engine.spec().label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits, bf16_bytes,
-              g.kv.bytes > 0 ? bf16_bytes / static_cast<double>(g.kv.bytes) : 0.0);
+  std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element), %s (bf16: %.0f bytes)\n",
+              engine.spec().label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
+              flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes)).c_str(), bf16_bytes);
 }
 
 void register_generate(CLI::App& root) {
@@ -108,10 +112,13 @@ void register_generate(CLI::App& root) {
   sub->add_flag("--chat", args->chat, "render the prompt as a user turn of the model's ChatML chat template");
   sub->add_option("--system", args->system, "system message for --chat (default: the template's own)")
       ->each([args](const std::string&) { args->system_given = true; });
-  sub->add_option("--steps", args->steps, "maximum number of tokens to generate (default 256; stops at end-of-text/context)");
+  flashkv::cli::add_count_option(sub, "--steps", args->steps,
+                                 "maximum number of tokens to generate (default 256; stops at end-of-text/context)", 1,
+                                 1 << 30);
   sub->add_flag("--ignore-eos", args->ignore_eos,
                 "do not stop at end-of-generation tokens (<|im_end|>, ...): always run --steps tokens");
-  sub->add_option("--context", args->context, "KV cache context in tokens (default: the model's context length)");
+  flashkv::cli::add_count_option(sub, "--context", args->context,
+                                 "KV cache context in tokens (default 0: the model's context length)", 0, 1 << 30);
   flashkv::cli::add_sampler_options(sub, args->sampling, 1.0f);
   sub->add_flag("--json", args->json, "print one JSON object (tokens, text, speeds, KV bytes) instead of streaming");
   sub->add_option("--logits-out", args->logits_out,

@@ -6,6 +6,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_model_cli.hpp"
+#include "cli/util_output.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -19,6 +20,7 @@ struct InspectArgs {
 void run(const InspectArgs& a) {
   using namespace flashkv;
   if (a.tensor.empty() != a.out.empty()) throw Error("tensor", "--tensor and --out together", "only one of them");
+  flashkv::cli::check_output_file(a.out, "out");
   const ResolvedModel r = resolve_model(a.model);
   if (!a.tensor.empty()) {
     const std::vector<float> v = read_gguf_tensor(r.model_path, a.tensor);

@@ -21,6 +21,9 @@
 
 #include "cli/command.hpp"
 #include "cli/util_json.hpp"
+#include "cli/util_kv_memory.hpp"
+#include "cli/util_output.hpp"
+#include "cli/util_parse.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/kvcache.hpp"
@@ -75,20 +78,24 @@ int64_t parse_bytes(const std::string& s, const char* arg) {
     throw flashkv::Error(arg, "a size like 141GB, 16GiB or 123456 (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
                          "'" + s + "'");
   }
+  if (v * mult >= 9.2e18) throw flashkv::Error(arg, "a size below 8 EiB (byte counts are int64)", "'" + s + "'");
   return static_cast<int64_t>(std::llround(v * mult));
 }
 
-int64_t parse_tokens(const std::string& s) {
-  int64_t mult = 1;
-  std::string num = s;
-  if (!s.empty() && (s.back() == 'k' || s.back() == 'K')) {
-    mult = 1024;
-    num = s.substr(0, s.size() - 1);
+/// Fails (exit 2) when a cache of this shape could not be counted in int64 bytes: every format stores at most
+/// 4 bytes of codes per element plus metadata, so 8 bytes per element, K and V, over tokens + one page of slack +
+/// residual + sinks per sequence bounds every report; the bound must stay below 2^62 bytes (4 EiB).
+void check_countable(const Args& a, int64_t tokens) {
+  const long double per_seq_tokens = static_cast<long double>(tokens) + a.page_size + a.residual + a.sinks;
+  const long double elems = 2.0L * a.layers * a.kv_heads * a.head_dim * static_cast<long double>(a.batch) * per_seq_tokens;
+  const long double bound = 8.0L * elems;
+  if (bound > 4.6e18L) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "--batch %lld x --tokens %lld on %d layers x %d KV heads x head_dim %d: up to %.3Lg bytes",
+                  static_cast<long long>(a.batch), static_cast<long long>(tokens), a.layers, a.kv_heads, a.head_dim,
+                  bound);
+    throw flashkv::Error("--tokens/--batch", "a KV cache whose byte count fits int64 (below 2^62 bytes = 4 EiB)", buf);
   }
-  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 12) {
-    throw flashkv::Error("tokens", "a token count like 4096 or 128k (= 131072)", "'" + s + "'");
-  }
-  return std::stoll(num) * mult;
 }
 
 std::string human(double bytes) {
@@ -155,35 +162,43 @@ void run(Args a) {
     } else {
       std::string names;
       for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-      throw Error("model", "a preset (" + names + ") or an existing checkpoint / config.json path", "'" + a.model + "'");
+      throw Error("--model", "a preset (" + names + ") or an existing checkpoint / config.json path", "'" + a.model + "'");
     }
   }
   if (a.layers <= 0 || a.kv_heads <= 0 || a.head_dim <= 0) {
-    throw Error("model", "--model PRESET|PATH or all of --layers, --kv-heads, --head-dim (> 0)",
+    throw Error("--model", "--model PRESET|PATH or all of --layers, --kv-heads, --head-dim (> 0)",
                 std::to_string(a.layers) + "/" + std::to_string(a.kv_heads) + "/" + std::to_string(a.head_dim));
   }
   if (!a.weights.empty()) {
-    weights = parse_bytes(a.weights, "weights");
+    weights = parse_bytes(a.weights, "--weights");
     weights_note = "--weights";
   }
-  const int64_t tokens = parse_tokens(a.tokens);
-  if (a.batch < 1) throw Error("batch", ">= 1", std::to_string(a.batch));
-  const int64_t memory = a.memory.empty() ? 0 : parse_bytes(a.memory, "memory");
+  const int64_t tokens = flashkv::cli::parse_count(a.tokens, "--tokens", 1);
+  const int64_t memory = a.memory.empty() ? 0 : parse_bytes(a.memory, "--memory");
+  check_countable(a, tokens);
   std::vector<std::string> formats;
   if (!a.kv_k.empty() || !a.kv_v.empty()) {
-    if (a.kv_k.empty() || a.kv_v.empty()) throw Error("kv-k/kv-v", "both --kv-k and --kv-v", "only one");
+    if (a.kv_k.empty() || a.kv_v.empty()) throw Error("--kv-k/--kv-v", "both --kv-k and --kv-v", "only one");
     formats.push_back("k:" + a.kv_k + ",v:" + a.kv_v);
   } else {
-    std::stringstream ss(a.kv_cache);
-    std::string f;
-    while (std::getline(ss, f, ',')) {
-      if (f == "k:" || f.rfind("k:", 0) == 0) {  // "k:A,v:B" was split at the comma: glue it back
-        std::string rest;
-        if (std::getline(ss, rest, ',')) f += "," + rest;
-      }
-      if (!f.empty()) formats.push_back(f);
-    }
+    formats = flashkv::cli::parse_kv_format_list({a.kv_cache}, "--kv-cache");
   }
+  std::vector<KVCacheConfig> configs;  // every format checked before anything is printed
+  for (const std::string& f : formats) {
+    KVCacheConfig c;
+    c.num_layers = a.layers;
+    c.num_heads_kv = a.kv_heads;
+    c.head_dim = a.head_dim;
+    c.page_size = a.page_size;
+    c.residual_tokens = a.residual;
+    c.sink_tokens = a.sinks;
+    c.with_kv_cache_dtype(f);
+    KVCacheConfig check = c;  // page size, groups, head_dim: validated for every format before printing anything
+    check.capacity_pages = 1;
+    check.validate();
+    configs.push_back(c);
+  }
+  flashkv::cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   std::printf("model: %d layers, %d KV heads, head_dim %d  [%s]\n", a.layers, a.kv_heads, a.head_dim, source.c_str());
   std::printf("batch %lld x %lld tokens, page_size %d, residual %d, sinks %d\n", static_cast<long long>(a.batch),
               static_cast<long long>(tokens), a.page_size, a.residual, a.sinks);
@@ -197,20 +212,13 @@ void run(Args a) {
   js["model"] = {{"layers", a.layers}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"source", source}};
   js["batch"] = a.batch;
   js["tokens"] = tokens;
-  KVCacheConfig bf;
-  bf.num_layers = a.layers;
-  bf.num_heads_kv = a.kv_heads;
-  bf.head_dim = a.head_dim;
-  bf.page_size = a.page_size;
-  const KVMemoryReport ref = kv_memory_estimate(bf, a.batch, tokens);
-  for (const std::string& f : formats) {
-    KVCacheConfig c = bf;
-    c.residual_tokens = a.residual;
-    c.sink_tokens = a.sinks;
-    c.with_kv_cache_dtype(f);
-    const KVMemoryReport r = kv_memory_estimate(c, a.batch, tokens);
+  const int64_t bf16_bytes =
+      flashkv::cli::bf16_reference_bytes(a.layers, a.kv_heads, a.head_dim, a.page_size, a.batch, tokens);
+  for (std::size_t fi = 0; fi < formats.size(); ++fi) {
+    const std::string& f = formats[fi];
+    const KVMemoryReport r = kv_memory_estimate(configs[fi], a.batch, tokens);
     const double per_seq = static_cast<double>(r.total_bytes) / static_cast<double>(a.batch);
-    const double ratio = r.total_bytes > 0 ? static_cast<double>(ref.total_bytes) / r.total_bytes : 0.0;
+    const double ratio = r.total_bytes > 0 ? static_cast<double>(bf16_bytes) / r.total_bytes : 0.0;
     int64_t fit = -1;
     if (memory > 0) fit = memory > weights && per_seq > 0 ? static_cast<int64_t>((memory - weights) / per_seq) : 0;
     std::printf("%-24s %9.4f %12s %12s %12s %12s %12s %7.2fx %12s", f.c_str(), r.bits_per_element,
@@ -223,10 +231,15 @@ void run(Args a) {
                          {"code_bytes", r.code_bytes},   {"metadata_bytes", r.metadata_bytes},
                          {"residual_bytes", r.residual_bytes}, {"slack_bytes", r.slack_bytes},
                          {"total_bytes", r.total_bytes}, {"pages", r.pages_used},
-                         {"page_bytes", r.page_bytes},   {"ratio_vs_bf16", ratio}};
+                         {"page_bytes", r.page_bytes},   {"ratio_vs_bf16", ratio},
+                         {"vs_bf16", flashkv::cli::vs_bf16_text(static_cast<double>(bf16_bytes),
+                                                                 static_cast<double>(r.total_bytes))}};
     if (memory > 0) jr["sequences_fit"] = fit;
     js["formats"].push_back(jr);
   }
+  std::printf("vs bf16 = bf16 bytes / this format's bytes for the same tokens and pages (as `flashkv generate` reports "
+              "it): 1.60x = 1.60x smaller than bf16\n");
+  js["bf16_bytes"] = bf16_bytes;
   if (memory > 0) {
     js["memory_bytes"] = memory;
     js["weights_bytes"] = weights;
@@ -240,18 +253,20 @@ void register_kv_mem(CLI::App& root) {
   std::string presets;
   for (const Preset& p : kPresets) presets += std::string(presets.empty() ? "" : ", ") + p.name;
   c->add_option("--model", args->model, "preset (" + presets + ") or a checkpoint / HF config.json path");
-  c->add_option("--layers", args->layers, "number of layers (without --model)");
-  c->add_option("--kv-heads", args->kv_heads, "KV heads (without --model)");
-  c->add_option("--head-dim", args->head_dim, "head_dim (without --model)");
-  c->add_option("--batch", args->batch, "sequences (default 1)");
+  using flashkv::cli::add_count_option;
+  add_count_option(c, "--layers", args->layers, "number of layers (without --model)", 1, 1 << 20);
+  add_count_option(c, "--kv-heads", args->kv_heads, "KV heads (without --model)", 1, 1 << 20);
+  add_count_option(c, "--head-dim", args->head_dim, "head_dim (without --model)", 1, 1 << 20);
+  add_count_option(c, "--batch", args->batch, "sequences (default 1)", 1, int64_t{1} << 40);
   c->add_option("--tokens", args->tokens, "tokens per sequence, e.g. 4096 or 128k (default 4096)");
   c->add_option("--kv-cache", args->kv_cache,
                 "comma-separated kv_cache_dtype list (default bf16,fp8_e4m3,int8,int4,int4_kivi,int2_kivi)");
   c->add_option("--kv-k", args->kv_k, "K format (with --kv-v: one explicit K/V pair)");
   c->add_option("--kv-v", args->kv_v, "V format");
-  c->add_option("--page-size", args->page_size, "tokens per page (default 32, a multiple of the KIVI group)");
-  c->add_option("--residual", args->residual, "most recent tokens kept bf16 (default 0)");
-  c->add_option("--sinks", args->sinks, "first tokens kept bf16 (default 0)");
+  add_count_option(c, "--page-size", args->page_size, "tokens per page (default 32, a multiple of the KIVI group)", 1,
+                   1 << 20);
+  add_count_option(c, "--residual", args->residual, "most recent tokens kept bf16 (default 0)", 0, 1 << 30);
+  add_count_option(c, "--sinks", args->sinks, "first tokens kept bf16 (default 0)", 0, 1 << 30);
   c->add_option("--memory", args->memory, "device memory, e.g. 141GB: prints how many sequences fit");
   c->add_option("--weights", args->weights, "bytes taken by weights (default: bf16 weights of a preset, else 0)");
   c->add_option("--json", args->json, "write results as JSON to this file ('-' = stdout)");

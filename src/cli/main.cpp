@@ -1,5 +1,6 @@
 // flashkv command-line tool: main() and the command registry (see command.hpp).
 #include <cstdio>
+#include <new>
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const flashkv::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {  // sizes the user asked for that this machine cannot hold: not a flashkv bug
+    std::fprintf(stderr, "flashkv: error: out of memory: the requested sizes do not fit this machine's memory\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashkv: internal error: %s\n", e.what());

@@ -25,7 +25,9 @@ const char* variant_label(Algorithm a) {
 }
 
 CLI::App* explain_group(CLI::App& root) {
-  return group(root, "explain", "Explain FlashAttention's ideas on tiny examples computed by the library");
+  CLI::App* g = group(root, "explain", "Explain FlashAttention's ideas on tiny examples computed by the library");
+  g->require_subcommand(1);  // `flashkv explain` alone is an error naming the choices, not a silent exit 0
+  return g;
 }
 
 }  // namespace flashkv::cli

@@ -1,6 +1,9 @@
 // Shared model / KV-cache / sampler options of the model-running commands.
 #include "cli/util_model_cli.hpp"
 
+#include <cstdio>
+
+#include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
 #include "flashkv/kvcache.hpp"
 
@@ -30,13 +33,13 @@ KVCacheSpec KvOptions::spec() const {
 }
 
 void add_kv_options(CLI::App* sub, KvOptions& o) {
-  sub->add_option("--kv-cache", o.kv_cache, std::string("KV cache format (default fp32). ") + kv_cache_dtype_grammar());
-  sub->add_option("--kv-k", o.kv_k, "K format (with --kv-v) instead of --kv-cache");
-  sub->add_option("--kv-v", o.kv_v, "V format (with --kv-k)");
-  sub->add_option("--residual", o.residual, "most recent tokens kept in bf16 (KIVI residual window)");
-  sub->add_option("--sinks", o.sinks, "first tokens kept in bf16");
+  add_nonempty_option(sub, "--kv-cache", o.kv_cache, std::string("KV cache format (default fp32). ") + kv_cache_dtype_grammar());
+  add_nonempty_option(sub, "--kv-k", o.kv_k, "K format (with --kv-v) instead of --kv-cache");
+  add_nonempty_option(sub, "--kv-v", o.kv_v, "V format (with --kv-k)");
+  add_count_option(sub, "--residual", o.residual, "most recent tokens kept in bf16 (KIVI residual window)", 0, 1 << 30);
+  add_count_option(sub, "--sinks", o.sinks, "first tokens kept in bf16", 0, 1 << 30);
   sub->add_option("--rotate", o.rotate, "none | hadamard (rotation before quantization)");
-  sub->add_option("--page-size", o.page_size, "tokens per cache page (power of two, 16-256)");
+  add_count_option(sub, "--page-size", o.page_size, "tokens per cache page (power of two, 16-256)", 1, 1 << 20);
 }
 
 SamplerConfig SamplerOptions::config() const {
@@ -50,8 +53,16 @@ void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_tempera
   sub->add_option("--temperature", o.temperature,
                   "0 = greedy (default " + std::to_string(default_temperature).substr(0, 3) + ")");
   sub->add_option("--top-p", o.top_p, "nucleus sampling threshold in (0, 1] (default 0.9)");
-  sub->add_option("--top-k", o.top_k, "keep the k most probable tokens (0 = off)");
+  add_count_option(sub, "--top-k", o.top_k, "keep the k most probable tokens (0 = off)", 0, 1 << 30);
   sub->add_option("--seed", o.seed, "sampler seed (default 42)");
+}
+
+std::function<void(int32_t, int32_t)> stdout_streamer(const Tokenizer& tok, bool quiet) {
+  if (quiet) return {};
+  return [&tok](int32_t prev, int32_t t) {
+    std::fputs(tok.decode_piece(prev, t).c_str(), stdout);
+    std::fflush(stdout);
+  };
 }
 
 }  // namespace flashkv::cli

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "flashkv/engine.hpp"
@@ -30,5 +31,8 @@ struct SamplerOptions {
   SamplerConfig config() const;  ///< validated
 };
 void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_temperature);
+
+/// An on_token callback that prints each token's bytes to stdout as it comes (nothing when `quiet`).
+std::function<void(int32_t, int32_t)> stdout_streamer(const Tokenizer& tok, bool quiet);
 
 }  // namespace flashkv::cli

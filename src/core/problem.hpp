@@ -87,6 +87,7 @@ struct AttentionProblem {
 
   // ---- execution ---------------------------------------------------------------------------------------------------
   Algorithm algorithm = Algorithm::tiled;
+  KernelFamily kernel_family = KernelFamily::automatic;  ///< CUDA only (CPU problems are always automatic)
   bool deterministic = false;
   int32_t num_threads = 0;  ///< CPU: 0 = OpenMP default
   void* stream = nullptr;   ///< CUDA stream (cudaStream_t) or nullptr

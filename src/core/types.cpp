@@ -1,8 +1,18 @@
 #include "flashkv/types.hpp"
 
+#include "flashkv/attention.hpp"
 #include "flashkv/error.hpp"
 
 namespace flashkv {
+
+const char* kernel_family_name(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::automatic: return "auto";
+    case KernelFamily::sm80: return "sm80";
+    case KernelFamily::sm90: return "sm90";
+  }
+  return "unknown";
+}
 
 std::size_t dtype_size(DType t) {
   switch (t) {

@@ -210,6 +210,12 @@ void check_options(const AttentionOptions& o, AttentionProblem& p) {
   const int alg = static_cast<int>(o.algorithm);
   if (alg < 0 || alg > 2) throw Error("algorithm", "tiled (0), v1_order (1) or naive (2)", str(alg));
   if (o.num_threads < 0) throw Error("num_threads", ">= 0 (0 = OpenMP default)", str(o.num_threads));
+  const int fam = static_cast<int>(o.kernel_family);
+  if (fam < 0 || fam > 2) throw Error("kernel_family", "auto (0), sm80 (1) or sm90 (2)", str(fam));
+  if (p.device == Device::cpu && o.kernel_family != KernelFamily::automatic) {
+    throw UnsupportedError(std::string("flashkv: kernel_family '") + kernel_family_name(o.kernel_family) +
+                           "' selects a CUDA kernel family, but the tensors are on the CPU (use 'auto')");
+  }
 
   p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
   p.window_size_left = o.window_size_left;
@@ -217,6 +223,7 @@ void check_options(const AttentionOptions& o, AttentionProblem& p) {
   p.causal = o.causal;
   p.softcap = o.softcap;
   p.algorithm = o.algorithm;
+  p.kernel_family = o.kernel_family;
   p.deterministic = o.deterministic;
   p.num_threads = o.num_threads;
   p.stream = o.stream;

@@ -12,6 +12,9 @@
 //   pass 2, parallel over (batch, head, Q block i): dQ_i accumulates over the K/V blocks i can see.
 // S/P/dP are recomputed in both passes (7 tile products instead of 5): the price of needing no dQ reduction buffer,
 // no atomics and bit-identical results for any thread count. Accumulation is float32; outputs are rounded once.
+// Non-finite inputs (include/flashkv/attention.hpp): masked entries of P and dU are selects to 0, and tiles that the
+// mask splits take a guarded product (masked pairs skipped, not 0·x) when the other operand holds a NaN/inf — the
+// full tiles, where every row sees every key, propagate through the plain products.
 #include <algorithm>
 #include <vector>
 
@@ -29,12 +32,12 @@ namespace {
 constexpr int kBwdBlockM = 64;
 
 struct Tiles {  // per-thread scratch (float32)
-  float *qf, *dof, *kt, *vt, *kf, *s, *ds, *dk, *dv, *col, *tmp, *lse, *dd;
+  float *qf, *dof, *kt, *vt, *kf, *s, *ds, *dk, *dv, *col, *tmp, *lse, *dd, *zeros;
 };
 
 int64_t scratch_floats(int64_t d, int64_t dv) {
   return kBwdBlockM * d + kBwdBlockM * dv + d * kBlockN + dv * kBlockN + kBlockN * d + 2 * kBwdBlockM * kBlockN +
-         kBlockN * d + kBlockN * dv + kBlockN * kBwdBlockM + std::max(d, dv) + 2 * kBwdBlockM;
+         kBlockN * d + kBlockN * dv + kBlockN * kBwdBlockM + 2 * std::max(d, dv) + 2 * kBwdBlockM;
 }
 
 Tiles carve(float* ws, int64_t d, int64_t dv) {
@@ -52,6 +55,8 @@ Tiles carve(float* ws, int64_t d, int64_t dv) {
   t.tmp = t.col + kBlockN * kBwdBlockM;  // col: a transposed [kBlockN][kBwdBlockM] tile
   t.lse = t.tmp + std::max(d, dv);
   t.dd = t.lse + kBwdBlockM;
+  t.zeros = t.dd + kBwdBlockM;  // [max(d, dv)] zeros: the operand row of masked pairs in the guarded products
+  std::fill(t.zeros, t.zeros + std::max(d, dv), 0.0f);
   return t;
 }
 
@@ -60,15 +65,18 @@ int64_t d_row(const core::AttentionProblem& p, int64_t b, int64_t i) {
   return (p.is_varlen ? p.q_begin(b) : b * p.seqlen_q) + i;
 }
 
-/// Recomputes P (into t.s) and dU (into t.ds) for Q block [q0, q0 + rows) × K/V block [k0, k0 + kc).
-/// Needs t.qf, t.dof, t.lse, t.dd (query side) and t.kt, t.vt (key side) loaded.
-FLASHKV_ALWAYS_INLINE void p_and_ds(const core::AttentionProblem& p, const core::MaskRule& mask, const Tiles& t,
+/// Recomputes P (into t.s) and dU (into t.ds) for Q block [q0, q0 + rows) × K/V block [k0, k0 + kc); returns
+/// whether the tile is fully visible. Masked entries of P and dU are a select to exactly 0 — never exp(−inf − lse)
+/// (NaN when lse is NaN) nor 0·(dP − D) (NaN when dP or D is) — so that only visible pairs carry NaN/inf
+/// (include/flashkv/attention.hpp "NON-FINITE INPUTS"). Needs t.qf, t.dof, t.lse, t.dd (query side) and t.kt, t.vt
+/// (key side) loaded.
+FLASHKV_ALWAYS_INLINE bool p_and_ds(const core::AttentionProblem& p, const core::MaskRule& mask, const Tiles& t,
                                     int rows, int kc, int64_t q0, int64_t k0) {
   const int d = static_cast<int>(p.head_dim);
   const int dv = static_cast<int>(p.head_dim_v);
+  const bool full = mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc);
   qk_tile(t.qf, rows, d, t.kt, t.s);
-  finish_scores(t.s, rows, kc, q0, k0, mask, mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc), p.softmax_scale,
-                p.softcap);
+  finish_scores(t.s, rows, kc, q0, k0, mask, full, p.softmax_scale, p.softcap);
   qk_tile(t.dof, rows, dv, t.vt, t.ds);  // dP = dO·Vᵀ
   const float cap = p.softcap;
   const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
@@ -81,28 +89,44 @@ FLASHKV_ALWAYS_INLINE void p_and_ds(const core::AttentionProblem& p, const core:
       for (int j = 0; j < kc; ++j) srow[j] = drow[j] = 0.0f;
       continue;
     }
+    const int64_t first = full ? 0 : mask.row_first(q0 + i) - k0;  // the row's keys in this tile: [first, last)
+    const int64_t last = full ? kc : mask.row_last(q0 + i) - k0;
     for (int j = 0; j < kc; ++j) {
       const float score = srow[j];
       const float pj = exp_flush(score - lse);
       float g = pj * (drow[j] - di);
       if (cap > 0.0f) {
         const float th = score * inv_cap;
-        g = pj == 0.0f ? 0.0f : g * (1.0f - th * th);
+        g = g * (1.0f - th * th);
       }
-      srow[j] = pj;
-      drow[j] = g;
+      const bool visible = j >= first && j < last;
+      srow[j] = visible ? pj : 0.0f;
+      drow[j] = visible ? g : 0.0f;
     }
   }
+  return full;
 }
 
 /// out[j][0..dx) += Σ_i a[i][j]·x[i][0..dx) for j < cols, i < rows (a is [rows][kBlockN], x is [rows][dx]):
 /// transposes the tile into `at` ([cols][kBlockN]) and runs the same register-blocked product as the forward.
+/// `guarded` (a split tile whose x holds a NaN/inf): key j sums only the query rows that see it (masked = absent,
+/// not 0·x); rows [q0, q0 + rows), keys [k0, k0 + cols) of `mask`.
 FLASHKV_ALWAYS_INLINE void at_x(const float* __restrict a, int rows, int cols, const float* __restrict x, int dx,
-                                float* __restrict out, float* __restrict at) {
+                                float* __restrict out, float* __restrict at, bool guarded, const core::MaskRule& mask,
+                                int64_t q0, int64_t k0, const float* __restrict zeros) {
   for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < cols; ++j) at[static_cast<int64_t>(j) * kBlockN + i] = a[static_cast<int64_t>(i) * kBlockN + j];
   }
-  pv_tile(at, cols, rows, x, dx, out);
+  if (!guarded) {
+    pv_tile(at, cols, rows, x, dx, out);
+    return;
+  }
+  for (int j = 0; j < cols; ++j) {
+    int64_t first = 0, last = 0;  // the query rows that see key k0 + j
+    mask.block_query_range(k0 + j, k0 + j + 1, &first, &last);
+    pv_row_visible(at + static_cast<int64_t>(j) * kBlockN, rows, x, dx, out + static_cast<int64_t>(j) * dx,
+                   first - q0, last - q0, zeros);
+  }
 }
 
 /// Loads the query-side tiles of (b, h, rows [q0, q0 + rows)): Q, dO, lse, D.
@@ -146,9 +170,12 @@ void dkdv_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, 
     for (int64_t q0 = qfirst; q0 < qlast; q0 += kBwdBlockM) {
       const int rows = static_cast<int>(std::min<int64_t>(kBwdBlockM, qlast - q0));
       load_query_side(p, dbuf, b, h, q0, rows, t);
-      p_and_ds(p, mask, t, rows, kc, q0, k0);
-      at_x(t.s, rows, kc, t.dof, dv, t.dv, t.col);   // dV += Pᵀ·dO
-      at_x(t.ds, rows, kc, t.qf, d, t.dk, t.col);    // dK += dUᵀ·Q  (scale applied at the store)
+      const bool full = p_and_ds(p, mask, t, rows, kc, q0, k0);
+      // split tile: masked pairs must not multiply a NaN/inf row of dO or Q (checked only there)
+      const bool guard_do = !full && !all_finite(t.dof, static_cast<int64_t>(rows) * dv);
+      const bool guard_q = !full && !all_finite(t.qf, static_cast<int64_t>(rows) * d);
+      at_x(t.s, rows, kc, t.dof, dv, t.dv, t.col, guard_do, mask, q0, k0, t.zeros);  // dV += Pᵀ·dO
+      at_x(t.ds, rows, kc, t.qf, d, t.dk, t.col, guard_q, mask, q0, k0, t.zeros);    // dK += dUᵀ·Q (scale at store)
     }
   }
   for (int j = 0; j < kc; ++j) {
@@ -179,8 +206,15 @@ void dq_item(const core::AttentionProblem& p, const std::vector<float>& dbuf, in
     load_rows(kptr, p.dtype, p.k_strides.row, kc, d, t.kf);
     load_rows_transposed(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype,
                          p.v_strides.row, kc, dv, t.vt);
-    p_and_ds(p, mask, t, rows, kc, q0, k0);
-    pv_tile(t.ds, rows, kc, t.kf, d, dq);  // dQ += dU·K
+    const bool full = p_and_ds(p, mask, t, rows, kc, q0, k0);
+    if (full || all_finite(t.kf, static_cast<int64_t>(kc) * d)) {
+      pv_tile(t.ds, rows, kc, t.kf, d, dq);  // dQ += dU·K
+    } else {  // split tile with a NaN/inf in K: each row sums only its own keys (masked = absent, not 0·k)
+      for (int i = 0; i < rows; ++i) {
+        pv_row_visible(t.ds + static_cast<int64_t>(i) * kBlockN, kc, t.kf, d, dq + static_cast<int64_t>(i) * d,
+                       mask.row_first(q0 + i) - k0, mask.row_last(q0 + i) - k0, t.zeros);
+      }
+    }
   }
   for (int i = 0; i < rows; ++i) {
     const float* src = dq + static_cast<int64_t>(i) * d;

@@ -6,6 +6,7 @@
 // and mask as the tiled kernels (src/cpu/score_tile.hpp) so the variants agree to float32 rounding.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu/attention_cpu.hpp"
@@ -27,6 +28,8 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
   float* st = kt + d * kBlockN;
   float* vf = st + kBlockM * kBlockN;
   float* o = vf + kBlockN * dv;
+  float* zeros = o + kBlockM * dv;
+  std::fill(zeros, zeros + dv, 0.0f);
 
   // 1) S = Q·Kᵀ·scale (+ softcap, mask), tile by tile, written in full.
   for (int64_t q0 = 0; q0 < len_q; q0 += kBlockM) {
@@ -45,14 +48,19 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
       }
     }
   }
-  // 2) P = softmax(S), row by row: read S, write P (in place); lse = m + log l.
+  // 2) P = softmax(S), row by row: read S, write P (in place); lse = m + log l. Non-finite scores: the max ignores
+  //    NaN, but exp(NaN − m) = NaN makes l, P and lse NaN (a +inf score: exp(inf − inf)); a row with keys whose
+  //    scores are all −inf or NaN (m = −inf) is NaN; only a row without keys (from the mask) gets P = 0, lse = −inf.
   for (int64_t i = 0; i < len_q; ++i) {
     float* row = sp + i * len_k;
     float m = kNegInf;
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < len_k; ++j) m = row[j] > m ? row[j] : m;
     float lse = kNegInf;
-    if (m != kNegInf) {
+    if (m == kNegInf && mask.row_first(i) < mask.row_last(i)) {
+      lse = std::numeric_limits<float>::quiet_NaN();
+      std::fill(row, row + len_k, lse);
+    } else if (m != kNegInf) {
       float l = 0.0f;
 #pragma omp simd reduction(+ : l)
       for (int64_t j = 0; j < len_k; ++j) {
@@ -67,7 +75,8 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
     }
     if (p.lse != nullptr) p.lse[lse_offset(p.lse_strides, b, row0_q, i, h)] = lse;
   }
-  // 3) O = P·V, tile by tile: read P in full, V once per Q block.
+  // 3) O = P·V, tile by tile: read P in full, V once per Q block. Masked entries of P are 0; where a tile that the
+  //    mask splits (or hides) holds a NaN/inf in V, each row reads only its own keys' V rows (masked = absent).
   for (int64_t q0 = 0; q0 < len_q; q0 += kBlockM) {
     const int rows = static_cast<int>(std::min<int64_t>(kBlockM, len_q - q0));
     std::fill(o, o + static_cast<int64_t>(rows) * dv, 0.0f);
@@ -78,7 +87,14 @@ void naive_head(const core::AttentionProblem& p, int64_t b, int64_t h, std::vect
       for (int i = 0; i < rows; ++i) {  // read the P tile from the materialized matrix
         std::copy(sp + (q0 + i) * len_k + k0, sp + (q0 + i) * len_k + k0 + kc, st + static_cast<int64_t>(i) * kBlockN);
       }
-      pv_tile(st, rows, kc, vf, dv, o);
+      if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc) || all_finite(vf, static_cast<int64_t>(kc) * dv)) {
+        pv_tile(st, rows, kc, vf, dv, o);
+      } else {
+        for (int i = 0; i < rows; ++i) {
+          pv_row_visible(st + static_cast<int64_t>(i) * kBlockN, kc, vf, dv, o + static_cast<int64_t>(i) * dv,
+                         mask.row_first(q0 + i) - k0, mask.row_last(q0 + i) - k0, zeros);
+        }
+      }
     }
     for (int i = 0; i < rows; ++i) {
       store_row(o + static_cast<int64_t>(i) * dv, dv,
@@ -93,8 +109,8 @@ void forward_naive(const core::AttentionProblem& p) {
   const int64_t items = p.batch * p.num_heads;
   if (items == 0) return;
   const int threads = thread_count(p);
-  const int64_t per_thread =
-      kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockM * kBlockN + kBlockN * p.head_dim_v + kBlockM * p.head_dim_v;
+  const int64_t per_thread = kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockM * kBlockN +
+                             kBlockN * p.head_dim_v + kBlockM * p.head_dim_v + p.head_dim_v;
   std::vector<float> scratch(static_cast<std::size_t>(per_thread) * threads);
   std::vector<std::vector<float>> big(static_cast<std::size_t>(threads));
   // Reserve the O(N²) buffers up front so an allocation failure surfaces as std::bad_alloc here, not inside OpenMP.

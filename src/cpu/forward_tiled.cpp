@@ -5,6 +5,8 @@
 //       S = Q_i·K_jᵀ; scale, softcap; mask element-wise only if the tile is not fully visible
 //       online-softmax update (src/cpu/online_softmax.hpp): rescale O by exp(m_old − m_new), O += P·V_j
 //     out_i = O / l (one division), lse_i = m + log l
+// Non-finite inputs (include/flashkv/attention.hpp): NaN/inf flow through l and O (src/cpu/online_softmax.hpp); a split
+// tile whose V holds a NaN/inf takes a guarded P·V in which masked keys are skipped, not multiplied by p = 0.
 // fp16/bf16 tiles are converted to float32 on load; the output row is rounded to the input dtype once.
 #include <algorithm>
 #include <vector>
@@ -19,9 +21,9 @@
 namespace flashkv::cpu {
 namespace {
 
-/// Per-thread scratch: Q (Br×d), Kᵀ (d×Bc), V (Bc×dv), S/P (Br×Bc), O (Br×dv), one output row (dv).
+/// Per-thread scratch: Q (Br×d), Kᵀ (d×Bc), V (Bc×dv), S/P (Br×Bc), O (Br×dv), one output row (dv), a zero row (dv).
 int64_t scratch_floats(int64_t d, int64_t dv) {
-  return kBlockM * d + d * kBlockN + kBlockN * dv + kBlockM * kBlockN + kBlockM * dv + dv;
+  return kBlockM * d + d * kBlockN + kBlockN * dv + kBlockM * kBlockN + kBlockM * dv + 2 * dv;
 }
 
 FLASHKV_CPU_CLONES
@@ -35,7 +37,9 @@ void forward_item(const core::AttentionProblem& p, int64_t b, int64_t h, int64_t
   float* s = vf + kBlockN * dv;
   float* o = s + kBlockM * kBlockN;
   float* out_row = o + kBlockM * dv;
+  float* zeros = out_row + dv;
   std::fill(o, o + static_cast<int64_t>(rows) * dv, 0.0f);
+  std::fill(zeros, zeros + dv, 0.0f);
   OnlineSoftmaxRow st[kBlockM];
 
   int64_t kf = 0, kl = 0;
@@ -51,8 +55,8 @@ void forward_item(const core::AttentionProblem& p, int64_t b, int64_t h, int64_t
     load_rows(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype, p.v_strides.row, kc, dv,
               vf);
     qk_tile(qf, rows, d, kt, s);
-    finish_scores(s, rows, kc, q0, k0, mask, mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc), p.softmax_scale,
-                  p.softcap);
+    const bool full = mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc);
+    finish_scores(s, rows, kc, q0, k0, mask, full, p.softmax_scale, p.softcap);
     // online_softmax_update (src/cpu/online_softmax.hpp) split in its two halves so that P·V runs as one tile
     // product: per row, m/l update, P = exp(S − m_new) and O *= exp(m_old − m_new); then O += P·V for the tile.
     for (int i = 0; i < rows; ++i) {
@@ -62,10 +66,18 @@ void forward_item(const core::AttentionProblem& p, int64_t b, int64_t h, int64_t
         for (int c = 0; c < dv; ++c) orow[c] *= alpha;
       }
     }
-    pv_tile(s, rows, kc, vf, dv, o);
+    if (full || all_finite(vf, static_cast<int64_t>(kc) * dv)) {
+      pv_tile(s, rows, kc, vf, dv, o);
+    } else {  // a split tile with a NaN/inf in V: each row reads only the V rows of its own keys (masked = absent)
+      for (int i = 0; i < rows; ++i) {
+        pv_row_visible(s + static_cast<int64_t>(i) * kBlockN, kc, vf, dv, o + static_cast<int64_t>(i) * dv,
+                       mask.row_first(q0 + i) - k0, mask.row_last(q0 + i) - k0, zeros);
+      }
+    }
   }
   for (int i = 0; i < rows; ++i) {
-    const float lse = online_softmax_finalize(st[i], o + static_cast<int64_t>(i) * dv, dv, out_row);
+    const bool has_keys = mask.row_first(q0 + i) < mask.row_last(q0 + i);
+    const float lse = online_softmax_finalize(st[i], o + static_cast<int64_t>(i) * dv, dv, out_row, has_keys);
     store_row(out_row, dv, elem_ptr(p.out, offset_of(p.out_strides, b, row0_q, q0 + i, h), p.dtype), p.dtype);
     if (p.lse != nullptr) p.lse[lse_offset(p.lse_strides, b, row0_q, q0 + i, h)] = lse;
   }

@@ -12,6 +12,7 @@
 // between slow and fast memory once per (i, j) pair; see include/flashkv/traffic.hpp) and the per-step division.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cpu/attention_cpu.hpp"
@@ -40,6 +41,8 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
   float* vf = kt + d * kBlockN;
   float* s = vf + kBlockN * dv;
   float* o = s + kBlockM * kBlockN;  // fast-memory copy of O_i
+  float* zeros = o + kBlockM * dv;
+  std::fill(zeros, zeros + dv, 0.0f);
   OnlineSoftmaxRow st[kBlockM];
 
   for (int64_t k0 = 0; k0 < len_k; k0 += kBlockN) {
@@ -51,6 +54,7 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
                          p.k_strides.row, kc, d, kt);
     load_rows(elem_ptr(p.v, offset_of(p.v_strides, b, row0_k, k0, hk), p.dtype), p.dtype, p.v_strides.row, kc, dv,
               vf);
+    int v_finite = -1;  // all_finite(V_j), computed the first time a split tile needs it
     for (int64_t q0 = qfirst; q0 < qlast; q0 += kBlockM) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlockM, qlast - q0));
       load_rows(elem_ptr(p.q, offset_of(p.q_strides, b, row0_q, q0, h), p.dtype), p.dtype, p.q_strides.row, rows, d,
@@ -59,8 +63,8 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
       std::memcpy(o, slow.o.data() + q0 * dv, sizeof(float) * rows * dv);
       for (int i = 0; i < rows; ++i) st[i] = OnlineSoftmaxRow{slow.m[q0 + i], slow.l[q0 + i]};
       qk_tile(qf, rows, d, kt, s);
-      finish_scores(s, rows, kc, q0, k0, mask, mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc),
-                    p.softmax_scale, p.softcap);
+      const bool full = mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kc);
+      finish_scores(s, rows, kc, q0, k0, mask, full, p.softmax_scale, p.softcap);
       for (int i = 0; i < rows; ++i) {  // O_i·l_i·exp(m_i − m_new) (un-normalize the stored O)
         float* orow = o + static_cast<int64_t>(i) * dv;
         const float l_old = st[i].l;
@@ -68,7 +72,15 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
         const float keep = alpha * l_old;
         for (int c = 0; c < dv; ++c) orow[c] *= keep;
       }
-      pv_tile(s, rows, kc, vf, dv, o);  // + P·V_j
+      if (!full && v_finite < 0) v_finite = all_finite(vf, static_cast<int64_t>(kc) * dv) ? 1 : 0;
+      if (full || v_finite == 1) {
+        pv_tile(s, rows, kc, vf, dv, o);  // + P·V_j
+      } else {  // split tile, non-finite V: masked keys are skipped, not multiplied by p = 0 (see forward_tiled.cpp)
+        for (int i = 0; i < rows; ++i) {
+          pv_row_visible(s + static_cast<int64_t>(i) * kBlockN, kc, vf, dv, o + static_cast<int64_t>(i) * dv,
+                         mask.row_first(q0 + i) - k0, mask.row_last(q0 + i) - k0, zeros);
+        }
+      }
       for (int i = 0; i < rows; ++i) {  // / l_new (normalized again, as FA1 stores it)
         if (st[i].l > 0.0f) {
           float* orow = o + static_cast<int64_t>(i) * dv;
@@ -85,16 +97,23 @@ void v1_head(const core::AttentionProblem& p, int64_t b, int64_t h, SlowMemory& 
     }
   }
   for (int64_t i = 0; i < len_q; ++i) {
-    const bool seen = slow.l[i] > 0.0f;
+    // Rows without keys (from the mask) get 0 / −inf; rows with keys whose l is NaN or 0 (a NaN or +inf score, or
+    // only −inf scores: src/cpu/online_softmax.hpp) get NaN, as the definition gives.
+    const bool has_keys = mask.row_first(i) < mask.row_last(i);
     void* dst = elem_ptr(p.out, offset_of(p.out_strides, b, row0_q, i, h), p.dtype);
-    if (seen) {
-      store_row(slow.o.data() + i * dv, dv, dst, p.dtype);
-    } else {
+    float lse = kNegInf;
+    if (!has_keys) {
       store_zero_row(dv, dst, p.dtype);
+    } else if (slow.l[i] > 0.0f) {
+      store_row(slow.o.data() + i * dv, dv, dst, p.dtype);
+      lse = slow.m[i] + std::log(slow.l[i]);
+    } else {
+      lse = std::numeric_limits<float>::quiet_NaN();
+      std::fill(zeros, zeros + dv, lse);  // the zero row is not needed any more
+      store_row(zeros, dv, dst, p.dtype);
+      std::fill(zeros, zeros + dv, 0.0f);
     }
-    if (p.lse != nullptr) {
-      p.lse[lse_offset(p.lse_strides, b, row0_q, i, h)] = seen ? slow.m[i] + std::log(slow.l[i]) : kNegInf;
-    }
+    if (p.lse != nullptr) p.lse[lse_offset(p.lse_strides, b, row0_q, i, h)] = lse;
   }
 }
 
@@ -104,8 +123,8 @@ void forward_v1_order(const core::AttentionProblem& p) {
   const int64_t items = p.batch * p.num_heads;
   if (items == 0) return;
   const int threads = thread_count(p);
-  const int64_t per_thread =
-      kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockN * p.head_dim_v + kBlockM * kBlockN + kBlockM * p.head_dim_v;
+  const int64_t per_thread = kBlockM * p.head_dim + p.head_dim * kBlockN + kBlockN * p.head_dim_v +
+                             kBlockM * kBlockN + kBlockM * p.head_dim_v + p.head_dim_v;
   std::vector<float> scratch(static_cast<std::size_t>(per_thread) * threads);
   std::vector<SlowMemory> slow(static_cast<std::size_t>(threads));
   for (auto& sm : slow) {  // allocate before the parallel region (bad_alloc must not escape OpenMP)

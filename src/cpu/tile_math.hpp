@@ -42,14 +42,17 @@ inline constexpr int kBlockN = 64;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// e^x for x <= 88 (float32, ≤ 2 ulp on the normal range); returns exactly 0 for x < −87.33 (including −inf), which
-/// is how masked scores (−inf) become probability 0 without NaN. Branch-free so loops over it vectorize.
+/// is how masked scores (−inf) become probability 0, and NaN for NaN (the clamps are comparisons, false for NaN, and
+/// NaN then flows through the polynomial), which is how a NaN score reaches l and O. Callers only pass x <= 0 or NaN.
+/// Branch-free so loops over it vectorize.
 /// Cephes expf: x = n·ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n by exponent bits.
 FLASHKV_ALWAYS_INLINE float exp_flush(float x) {
   const bool underflow = x < -87.33f;
   float xc = x < -87.33f ? -87.33f : x;
   xc = xc > 88.0f ? 88.0f : xc;
   const float t = xc * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5·2^23 trick; no -ffast-math needed)
+  const float shifted = t + 12582912.0f;  // 1.5·2^23 + n: round to nearest (no -ffast-math needed)
+  const float n = shifted - 12582912.0f;
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -59,10 +62,21 @@ FLASHKV_ALWAYS_INLINE float exp_flush(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  const float two_n = std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
+  // 2^n from the integer in the low mantissa bits of `shifted` (|n| <= 127 here): unsigned arithmetic, so a NaN x
+  // (garbage bits, then multiplied by a NaN p) is defined behaviour, unlike a float -> int conversion of NaN.
+  const uint32_t e = std::bit_cast<uint32_t>(shifted) - 0x4B400000u + 127u;
+  const float two_n = std::bit_cast<float>(e << 23);
   const float y = p * two_n;
   return underflow ? 0.0f : y;
+}
+
+/// True when x[0..n) holds no NaN or ±inf (x·0 is 0 for finite x and NaN otherwise; one vectorized pass). The CPU
+/// kernels call it on an operand tile only where the mask splits the tile, to pick the guarded product below.
+FLASHKV_ALWAYS_INLINE bool all_finite(const float* __restrict x, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
+  return acc == 0.0f;
 }
 
 /// Applies softmax_scale and softcap to a score (FlashAttention semantics: softcap·tanh(s·scale/softcap)).
@@ -133,6 +147,33 @@ FLASHKV_ALWAYS_INLINE void pv_row(const float* __restrict p, int cols, const flo
     for (int c = 0; c < dv; ++c) o[c] += p0 * v0[c] + p1 * v1[c] + p2 * v2[c] + p3 * v3[c];
   }
   for (; j < cols; ++j) {
+    const float pj = p[j];
+    const float* vj = v + static_cast<int64_t>(j) * dv;
+    for (int c = 0; c < dv; ++c) o[c] += pj * vj[c];
+  }
+}
+
+/// pv_row restricted to the keys [first, last) — the keys the row sees (NON-FINITE INPUTS in
+/// include/flashkv/attention.hpp: a masked key is absent, its p is a select to 0, never 0 × v, which is NaN for a
+/// non-finite v). Same arithmetic as pv_row, group for group (masked keys read the zero row `zeros` [dv] instead of
+/// their V row; their p is exactly 0, so 0·0 adds exactly what 0·v adds for finite v): where V is finite the result is
+/// bit-for-bit pv_row's.
+FLASHKV_ALWAYS_INLINE void pv_row_visible(const float* __restrict p, int cols, const float* __restrict v, int dv,
+                                          float* __restrict o, int64_t first, int64_t last,
+                                          const float* __restrict zeros) {
+  auto row = [&](int j) { return j >= first && j < last ? v + static_cast<int64_t>(j) * dv : zeros; };
+  int j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    if (j + 4 <= first || j >= last) continue;  // the whole group is masked: p = 0 and nothing is added
+    const float p0 = p[j], p1 = p[j + 1], p2 = p[j + 2], p3 = p[j + 3];
+    const float* v0 = row(j);
+    const float* v1 = row(j + 1);
+    const float* v2 = row(j + 2);
+    const float* v3 = row(j + 3);
+    for (int c = 0; c < dv; ++c) o[c] += p0 * v0[c] + p1 * v1[c] + p2 * v2[c] + p3 * v3[c];
+  }
+  for (; j < cols; ++j) {
+    if (j < first || j >= last) continue;
     const float pj = p[j];
     const float* vj = v + static_cast<int64_t>(j) * dv;
     for (int c = 0; c < dv; ++c) o[c] += pj * vj[c];

@@ -7,17 +7,19 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/backend.hpp"
+#include "core/path_log.hpp"
+#include "core/scaling.hpp"
 #include "cuda/check.hpp"
+#include "cuda/common/tile_size.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"
 
 namespace flashkv::cuda {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 TensorStrides strides_of(const core::Strides3& s) { return TensorStrides{s.batch, s.row, s.head}; }
 
@@ -67,9 +69,32 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
   p.window_left = pr.window_size_left;
   p.window_right = pr.window_size_right;
   p.softmax_scale = pr.softmax_scale;
-  p.softcap = pr.softcap > 0.f;
-  p.score_scale = p.softcap ? pr.softmax_scale / pr.softcap : 1.f;
-  p.softmax_scale_log2 = p.softcap ? pr.softcap * kLog2e : pr.softmax_scale * kLog2e;
+  const core::ScoreScaling sc = core::resolve_scaling(pr.softmax_scale, pr.softcap);
+  p.softcap = sc.softcap;
+  p.score_scale = sc.score_scale;
+  p.softmax_scale_log2 = sc.softmax_scale_log2;
+}
+
+/// The path report of one call (core::record_path): e.g. "attention_forward cuda sm90 fwd hdim128 bfloat16 causal
+/// tiles 128x128", plus "head_dim 59 padded" when a larger compiled head dim runs, "small-smem" when the tile table's
+/// small-shared-memory configuration ran, "padded-copy" when the inputs were copied.
+void record(const char* entry, const core::AttentionProblem& pr, const KernelEntry& ke, const char* kind,
+            const LaunchInfo& info, bool padded_copy, const char* extra) {
+  std::string d = std::string(entry) + " cuda " + kernel_arch_name(ke.arch) + " " + kind + " hdim" +
+                  std::to_string(ke.head_dim) + " " + dtype_name(pr.dtype);
+  if (pr.is_varlen) d += " varlen";
+  if (pr.causal) {
+    d += " causal";
+  } else if (pr.window_size_left >= 0 || pr.window_size_right >= 0) {
+    d += " window";
+  }
+  if (pr.softcap > 0.f) d += " softcap";
+  if (extra != nullptr) d += std::string(" ") + extra;
+  d += " tiles " + std::to_string(info.block_m) + "x" + std::to_string(info.block_n);
+  if (info.small_smem) d += " small-smem";
+  if (ke.head_dim != pr.head_dim) d += " head_dim " + std::to_string(pr.head_dim) + " padded";
+  if (padded_copy) d += " padded-copy";
+  core::record_path(std::move(d));
 }
 
 int64_t round_up8(int64_t d) { return (d + 7) / 8 * 8; }
@@ -112,7 +137,7 @@ bool needs_padding(const core::AttentionProblem& pr) {
   return !ok;
 }
 
-void run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEntry& ke, cudaStream_t st) {
+LaunchInfo run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEntry& ke, cudaStream_t st) {
   const int64_t dround = ke.head_dim;
   const int64_t group = pr.num_heads / pr.num_heads_kv;
   p.total_q = pr.total_q;
@@ -125,7 +150,9 @@ void run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEn
   DeviceBuffer lse2(static_cast<size_t>(pr.total_q * pr.num_heads) * 4, st);
   const size_t kv_accum_bytes = group > 1 ? static_cast<size_t>(pr.total_k * pr.num_heads * dround) * 4 : 0;
   DeviceBuffer dk_accum(kv_accum_bytes, st), dv_accum(kv_accum_bytes, st);
-  const int64_t m_blocks = (pr.max_seqlen_q + 63) / 64 + 1;  // upper bound over the backward tile sizes (kBlockM >= 64)
+  // Turn counters per (batch, head, query block) for the smallest kBlockM of this family's tile table entry.
+  const int64_t min_block_m = bwd_min_block_m(ke.arch == KernelArch::sm90, ke.head_dim);
+  const int64_t m_blocks = (pr.max_seqlen_q + min_block_m - 1) / min_block_m;
   DeviceBuffer sem(pr.deterministic ? static_cast<size_t>(pr.batch * pr.num_heads * m_blocks) * 4 : 0, st);
   p.dq_accum = dq_accum.as<float>();
   p.dsum = dsum.as<float>();
@@ -134,7 +161,7 @@ void run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEn
   p.dv_accum = dv_accum.as<float>();
   p.dq_semaphore = sem.as<int32_t>();
   p.num_m_blocks = static_cast<int32_t>(m_blocks);
-  reinterpret_cast<BwdLaunch>(ke.launch)(p, st);
+  return ke.bwd()(p, st);
 }
 
 }  // namespace
@@ -148,21 +175,23 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   check_supported(pr);
   const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
   const int64_t dpad = round_up8(pr.head_dim);
-  const KernelEntry& ke = find_kernel(kind, dpad, pr.dtype);
   DeviceGuard guard(pr.device_index);
+  const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype);
   auto st = static_cast<cudaStream_t>(stream);
   if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
   FwdParams p;
   fill_common(pr, p);
   // FA1 loop order keeps O, m, l in global memory between K/V steps (float32 workspaces).
-  const int64_t v1_rows = kind == KernelKind::fwd_v1 ? (pr.max_seqlen_q + 63) / 64 * 64 : 0;
+  const int64_t v1_bm = fwd_v1_tile().block_m;
+  const int64_t v1_rows = kind == KernelKind::fwd_v1 ? (pr.max_seqlen_q + v1_bm - 1) / v1_bm * v1_bm : 0;
   DeviceBuffer v1_o(static_cast<size_t>(pr.batch * pr.num_heads * v1_rows * ke.head_dim) * 4, st);
   DeviceBuffer v1_ml(static_cast<size_t>(pr.batch * pr.num_heads * v1_rows * 2) * 4, st);
   p.v1_o = v1_o.as<float>();
   p.v1_ml = v1_ml.as<float>();
   p.v1_rows = static_cast<int32_t>(v1_rows);
+  const char* kind_name = kind == KernelKind::fwd_v1 ? "fwd_v1" : "fwd";
   if (!needs_padding(pr)) {
-    reinterpret_cast<FwdLaunch>(ke.launch)(p, st);
+    record("attention_forward", pr, ke, kind_name, ke.fwd()(p, st), false, nullptr);
   } else {
     const RowsView qr = q_rows(pr), kr = k_rows(pr);
     Padded q(pr, pr.q, pr.q_strides, qr, pr.num_heads, dpad, true, st);
@@ -172,7 +201,8 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
     p.q = q.buf.get(), p.k = k.buf.get(), p.v = v.buf.get(), p.out = o.buf.get();
     p.q_s = q.s, p.k_s = k.s, p.v_s = v.s, p.out_s = o.s;
     p.head_dim = static_cast<int32_t>(dpad);
-    reinterpret_cast<FwdLaunch>(ke.launch)(p, st);
+    const LaunchInfo info = ke.fwd()(p, st);
+    record("attention_forward", pr, ke, kind_name, info, true, nullptr);
     unpad_copy(o.buf.get(), pr.out, strides_of(pr.out_strides), qr.batch, qr.rows, pr.num_heads, pr.head_dim, dpad,
                st);
   }
@@ -181,8 +211,8 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
 void attention_backward_cuda(const core::AttentionProblem& pr, void* stream) {
   check_supported(pr);
   const int64_t dpad = round_up8(pr.head_dim);
-  const KernelEntry& ke = find_kernel(KernelKind::bwd, dpad, pr.dtype);
   DeviceGuard guard(pr.device_index);
+  const KernelEntry& ke = select_kernel(KernelKind::bwd, pr.kernel_family, dpad, pr.dtype);
   auto st = static_cast<cudaStream_t>(stream);
   if (pr.batch == 0 || pr.num_heads == 0) return;
   BwdParams p;
@@ -195,8 +225,9 @@ void attention_backward_cuda(const core::AttentionProblem& pr, void* stream) {
   p.dq_s = strides_of(pr.dq_strides);
   p.dk_s = strides_of(pr.dk_strides);
   p.dv_s = strides_of(pr.dv_strides);
+  const char* mode = pr.deterministic ? "deterministic" : "atomic";
   if (!needs_padding(pr)) {
-    run_backward(pr, p, ke, st);
+    record("attention_backward", pr, ke, "bwd", run_backward(pr, p, ke, st), false, mode);
     return;
   }
   const RowsView qr = q_rows(pr), kr = k_rows(pr);
@@ -213,7 +244,7 @@ void attention_backward_cuda(const core::AttentionProblem& pr, void* stream) {
   p.dq = dq.buf.get(), p.dk = dk.buf.get(), p.dv = dv.buf.get();
   p.q_s = q.s, p.k_s = k.s, p.v_s = v.s, p.out_s = o.s, p.dout_s = dO.s, p.dq_s = dq.s, p.dk_s = dk.s, p.dv_s = dv.s;
   p.head_dim = static_cast<int32_t>(dpad);
-  run_backward(pr, p, ke, st);
+  record("attention_backward", pr, ke, "bwd", run_backward(pr, p, ke, st), true, mode);
   unpad_copy(dq.buf.get(), pr.dq, strides_of(pr.dq_strides), qr.batch, qr.rows, h, pr.head_dim, dpad, st);
   unpad_copy(dk.buf.get(), pr.dk, strides_of(pr.dk_strides), kr.batch, kr.rows, hk, pr.head_dim, dpad, st);
   unpad_copy(dv.buf.get(), pr.dv, strides_of(pr.dv_strides), kr.batch, kr.rows, hk, pr.head_dim, dpad, st);

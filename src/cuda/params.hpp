@@ -92,4 +92,11 @@ struct DecodeParams {
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
 };
 
+/// What a launcher ran, for the path report (core::record_path): the tile configuration (kBlockM x kBlockN, warps) and
+/// whether it is the small-shared-memory fallback of its table entry (common/tile_size.hpp).
+struct LaunchInfo {
+  int block_m = 0, block_n = 0, warps = 0;
+  bool small_smem = false;
+};
+
 }  // namespace flashkv::cuda

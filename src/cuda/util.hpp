@@ -60,22 +60,13 @@ int max_smem_per_block();
 /// naming the kernel, both sizes and the device — instead of a launch failure.
 void require_smem(int bytes, const char* kernel, int head_dim);
 
-/// True when the current device is Hopper (compute capability 9.0) and the environment variable
-/// FLASHKV_CUDA_SM80_ONLY is unset or 0 (read on every call): the sm90 (wgmma) kernels are then preferred over the
-/// sm80 (mma.sync) ones where both exist.
-bool use_sm90_kernels();
-
-/// True when this build may run the sm90 kernels: it was compiled with sm_90a code and no plain sm_90 image the driver
-/// could pick instead (CMake defines FLASHKV_CUDA_SM90A), and `kernel` (a __global__ function) runs an sm_90-level
-/// binary on the current device (cudaFuncGetAttributes; cached per device and kernel). A build without sm_90a would
-/// otherwise run the sm90 kernels' trap-only bodies.
-bool kernel_has_sm90a(const void* kernel);
-
-/// True when the current device takes the sm90 kernels by default: use_sm90_kernels() and a build with sm_90a code.
-/// (Tests use it to check that Hopper really runs them.)
-bool sm90_dispatch_active();
-
-/// True when this build was compiled with the sm90 kernels' sm_90a code (see kernel_has_sm90a).
+/// True when this build carries the sm90 kernels' sm_90a code (CMake defines FLASHKV_CUDA_SM90A only when the
+/// architecture list names 90a and no plain sm_90 image the driver could pick instead: a plain sm_90 image would run
+/// the sm90 kernels' trap-only bodies).
 bool sm90_kernels_compiled();
+
+/// True when the driver runs this build's sm_90a image on the current device (a probe kernel's binaryVersion is 90;
+/// cached per device). False in builds without sm_90a code.
+bool sm90_binary_selected();
 
 }  // namespace flashkv::cuda

@@ -3,9 +3,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <utility>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -125,45 +122,25 @@ void require_smem(int bytes, const char* kernel, int head_dim) {
                          std::to_string(minor) + ") allows " + std::to_string(have));
 }
 
-bool use_sm90_kernels() {
-  if (const char* env = std::getenv("FLASHKV_CUDA_SM80_ONLY"); env != nullptr && env[0] != '\0' &&
-                                                               std::strcmp(env, "0") != 0) {
-    return false;
-  }
-  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 Hopper (cc 9.0), 2 other
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  int c = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (c == 0) {
-    int major = 0, minor = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(cc)");
-    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(cc)");
-    c = (major == 9 && minor == 0) ? 1 : 2;
-    if (dev < 64) cached[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 1;
-}
-
 namespace {
 __global__ void sm90_dispatch_probe_kernel() {}
 }  // namespace
 
-bool kernel_has_sm90a(const void* kernel) {
+bool sm90_binary_selected() {
 #if defined(FLASHKV_CUDA_SM90A)
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, bool> cache;
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 yes, 2 no
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, kernel);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
-  const bool ok = attr.binaryVersion == 90;
-  cache.emplace(key, ok);
-  return ok;
+  int c = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (c == 0) {
+    cudaFuncAttributes attr{};
+    check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(sm90_dispatch_probe_kernel)),
+               "cudaFuncGetAttributes");
+    c = attr.binaryVersion == 90 ? 1 : 2;
+    if (dev < 64) cached[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 1;
 #else
-  (void)kernel;
   return false;
 #endif
 }
@@ -174,10 +151,6 @@ bool sm90_kernels_compiled() {
 #else
   return false;
 #endif
-}
-
-bool sm90_dispatch_active() {
-  return use_sm90_kernels() && kernel_has_sm90a(reinterpret_cast<const void*>(sm90_dispatch_probe_kernel));
 }
 
 }  // namespace flashkv::cuda

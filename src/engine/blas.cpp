@@ -36,8 +36,6 @@ Blas load() {
       ::dlclose(h);
       continue;
     }
-    if (auto set_threads = reinterpret_cast<void (*)(int)>(::dlsym(h, "openblas_set_num_threads")))
-      set_threads(1);  // the engine parallelizes over output rows itself (blas.hpp)
     auto config = reinterpret_cast<char* (*)()>(::dlsym(h, "openblas_get_config"));
     auto corename = reinterpret_cast<char* (*)()>(::dlsym(h, "openblas_get_corename"));
     auto parallel = reinterpret_cast<int (*)()>(::dlsym(h, "openblas_get_parallel"));

@@ -4,13 +4,11 @@
 //     Rapids report "Intel Xeon Processor") and falls back to its generic "Prescott" SSE3 kernels, 3-4x slower. When
 //     OPENBLAS_CORETYPE is unset and the CPU has AVX-512 (F, BW, DQ, VL), the engine sets it to SkylakeX (the AVX-512
 //     sgemm/sgemv kernels) before loading; an explicit OPENBLAS_CORETYPE is respected.
-//   * its threading: OpenBLAS runs single-threaded (openblas_set_num_threads(1)); the engine splits each large matrix
-//     product over its OpenMP threads by output rows (engine.cpp), so BLAS and the engine's other OpenMP regions
-//     (attention, dequantization) share one thread pool instead of two pools fighting for the cores (measured: the
-//     two pools spin against each other and decode ran 5-40x slower on 2 cores). Each output element is computed by
-//     one thread over the whole inner dimension, so results do not depend on the thread count.
-// Search order: $FLASHKV_BLAS (a path), Debian's pthread build, then "libopenblas.so.0" (the OpenMP build of OpenBLAS
-// 0.3.21 was measured 20x slower on the tiny model here and is not preferred).
+//   * which build: Debian's pthread build, whose threads spin with sched_yield. Measured on the shared 2-core machine
+//     (load average ~12): the OpenMP build was 20x slower on the tiny model, and splitting the products over
+//     flashkv's OpenMP threads 10-40x slower, because idle OpenMP workers spin without yielding; the engine
+//     therefore keeps OpenMP out of the per-token path (engine.cpp: attention below 4 MFLOP runs on one thread).
+// Search order: $FLASHKV_BLAS (a path), Debian's pthread build, then "libopenblas.so.0".
 #pragma once
 
 #include <cblas.h>

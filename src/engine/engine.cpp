@@ -4,12 +4,10 @@
 //   extend   one segment anywhere: K/V written into the cache first, then the segment's queries attend over the cache
 //            (PagedKVCache::attention, causal, bottom-right aligned) — chunked prefill through the (quantized) cache;
 //   decode   one token for each of B sequences, through the cache like extend.
-// Matrix products: cblas_sgemm over all rows of the batch (cblas_sgemv for a single row).
+// Matrix products: cblas_sgemm over all rows of the batch (cblas_sgemv for a single row), threaded by OpenBLAS.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#include <omp.h>
 
 #include "engine/blas.hpp"
 #include "flashkv/attention.hpp"
@@ -29,33 +27,13 @@ std::string KVCacheSpec::label() const {
 
 namespace {
 
-/// Y[T, out] = X[T, in] · Wᵀ with W row-major [out, in]: OpenBLAS (single-threaded, engine_detail::blas()) on each
-/// OpenMP thread's share of the output rows (blocks of 16); one call when the product is small (< 2^16 multiply-adds:
-/// a fork/join would cost more). Every output element is one BLAS dot product over `in`, whatever the thread count.
+/// Y[T, out] = X[T, in] · Wᵀ with W row-major [out, in]: OpenBLAS (engine_detail::blas(); its own threads).
 void matmul(const float* x, int t, int in, const float* w, int out, float* y) {
   const engine_detail::Blas& b = engine_detail::blas();
-  auto rows = [&](int r0, int r1) {
-    if (r1 <= r0) return;
-    if (t == 1)
-      b.sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, in, 1.0f, w + static_cast<std::size_t>(r0) * in, in, x, 1, 0.0f,
-              y + r0, 1);
-    else
-      b.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, r1 - r0, in, 1.0f, x, in, w + static_cast<std::size_t>(r0) * in,
-              in, 0.0f, y + r0, out);
-  };
-  const double macs = static_cast<double>(t) * in * out;
-  const int max_threads = omp_get_max_threads();
-  if (macs < 65536.0 || max_threads <= 1 || omp_in_parallel()) {
-    rows(0, out);
-    return;
-  }
-#pragma omp parallel num_threads(max_threads)
-  {
-    const int n = omp_get_num_threads(), i = omp_get_thread_num();
-    const int blocks = (out + 15) / 16;
-    const int b0 = blocks * i / n, b1 = blocks * (i + 1) / n;
-    rows(std::min(out, 16 * b0), std::min(out, 16 * b1));
-  }
+  if (t == 1)
+    b.sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+  else
+    b.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
 /// out = x / sqrt(mean(x²) + eps) · weight, per row of `dim` elements (sum of squares accumulated in double).
@@ -80,10 +58,6 @@ struct Engine::Impl {
       : context(max_ctx == 0 ? m.config.seq_len : max_ctx), cache(make_config(m, spec, max_sequences, context)) {
     const ModelConfig& c = m.config;
     live.assign(static_cast<std::size_t>(max_sequences), false);
-    // Tiny models: attention over a full context is a few microseconds of work, far less than an OpenMP fork/join
-    // on a loaded machine, so run it on the calling thread; larger models use the OpenMP default.
-    const double attn_flops = 4.0 * c.num_heads * static_cast<double>(context) * c.head_dim;
-    attention_threads = attn_flops < 4e6 ? 1 : 0;
     // RoPE table: angle pos · theta^(−2i/head_dim) in double, then cos / sin rounded to float.
     const int half = c.head_dim / 2;
     rope_cos.resize(static_cast<std::size_t>(context) * half);
@@ -171,6 +145,14 @@ struct Engine::Impl {
       ids[i] = segs[i].seq;
       cu[i + 1] = cu[i] + segs[i].n;
     }
+    // Attention runs on the calling thread unless one call is >= 8 GFLOP (long prompts, thousands of tokens). Idle
+    // OpenMP workers spin without yielding and starve OpenBLAS's threads (the matmuls): measured on the shared 2-core
+    // machine, OpenMP attention made decode at 2k-4k context 5-10x slower (1.1 vs 6.9 tok/s) and 512-token chunks
+    // over a 2k history 20% slower, while a single thread loses at most 2x on the attention share when the machine is
+    // idle.
+    double attn_flops = 0;
+    for (const Segment& s : segs) attn_flops += 4.0 * c.num_heads * c.head_dim * s.n * static_cast<double>(s.pos0 + s.n);
+    const int32_t attention_threads = attn_flops < 8e9 ? 1 : 0;
     AttentionOptions opts;
     opts.causal = true;
     opts.num_threads = attention_threads;
@@ -236,7 +218,6 @@ struct Engine::Impl {
 
   int32_t context;
   PagedKVCache cache;
-  int32_t attention_threads = 0;
   std::vector<bool> live;
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;

@@ -104,33 +104,15 @@ inline void scale_min_k4(int j, const uint8_t* s, int& sc, int& mn) {
   }
 }
 
-void deq_q4_k(const uint8_t* src, float* dst, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, src += 144, dst += 256) {
+/// Q4_K and Q5_K share everything but the 5th bit: each 64-value chunk c holds sub-blocks 2c (low nibbles of its 32
+/// bytes) and 2c+1 (high nibbles); `qh` (Q5_K only, else nullptr) adds bit 2c / 2c+1 of byte l as value bit 4.
+void deq_k4_k5(const uint8_t* src, float* dst, int64_t nb, int block_bytes, const uint8_t* (*qh_of)(const uint8_t*),
+               int qs_offset) {
+  for (int64_t b = 0; b < nb; ++b, src += block_bytes, dst += 256) {
     const float d = half_at(src), dmin = half_at(src + 2);
     const uint8_t* scales = src + 4;
-    const uint8_t* qs = src + 16;
-    for (int c = 0; c < 4; ++c) {  // 64-value chunk c = sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
-      int sc0, m0, sc1, m1;
-      scale_min_k4(2 * c, scales, sc0, m0);
-      scale_min_k4(2 * c + 1, scales, sc1, m1);
-      const float d0 = d * static_cast<float>(sc0), mm0 = dmin * static_cast<float>(m0);
-      const float d1 = d * static_cast<float>(sc1), mm1 = dmin * static_cast<float>(m1);
-      const uint8_t* q = qs + 32 * c;
-      float* y = dst + 64 * c;
-      for (int l = 0; l < 32; ++l) {
-        y[l] = d0 * static_cast<float>(q[l] & 0x0F) - mm0;
-        y[l + 32] = d1 * static_cast<float>(q[l] >> 4) - mm1;
-      }
-    }
-  }
-}
-
-void deq_q5_k(const uint8_t* src, float* dst, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, src += 176, dst += 256) {
-    const float d = half_at(src), dmin = half_at(src + 2);
-    const uint8_t* scales = src + 4;
-    const uint8_t* qh = src + 16;
-    const uint8_t* qs = src + 48;
+    const uint8_t* qh = qh_of(src);
+    const uint8_t* qs = src + qs_offset;
     for (int c = 0; c < 4; ++c) {
       int sc0, m0, sc1, m1;
       scale_min_k4(2 * c, scales, sc0, m0);
@@ -140,13 +122,21 @@ void deq_q5_k(const uint8_t* src, float* dst, int64_t nb) {
       const uint8_t* q = qs + 32 * c;
       float* y = dst + 64 * c;
       for (int l = 0; l < 32; ++l) {
-        const int lo = (q[l] & 0x0F) | (((qh[l] >> (2 * c)) & 1) << 4);
-        const int hi = (q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+        const int lo = (q[l] & 0x0F) | (qh ? ((qh[l] >> (2 * c)) & 1) << 4 : 0);
+        const int hi = (q[l] >> 4) | (qh ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0);
         y[l] = d0 * static_cast<float>(lo) - mm0;
         y[l + 32] = d1 * static_cast<float>(hi) - mm1;
       }
     }
   }
+}
+
+void deq_q4_k(const uint8_t* src, float* dst, int64_t nb) {  // 144 B: d, dmin, scales[12], qs[128]
+  deq_k4_k5(src, dst, nb, 144, [](const uint8_t*) -> const uint8_t* { return nullptr; }, 16);
+}
+
+void deq_q5_k(const uint8_t* src, float* dst, int64_t nb) {  // 176 B: d, dmin, scales[12], qh[32], qs[128]
+  deq_k4_k5(src, dst, nb, 176, [](const uint8_t* blk) -> const uint8_t* { return blk + 16; }, 48);
 }
 
 void deq_q6_k(const uint8_t* src, float* dst, int64_t nb) {

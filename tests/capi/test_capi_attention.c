@@ -176,6 +176,11 @@ static void run_fixed_case(const char* name, ref_cfg c, int with_backward, int p
     const double e = rel_err_f(out, outd, no);
     CHECK(e <= 2e-5, "%s/%s forward: out rel err %.3g > 2e-5", name, algo_name(a), e);
     CHECK(lse_ok(lse, lsed, nl, 1e-5), "%s/%s forward: lse mismatch", name, algo_name(a));
+    /* docs/c-abi.md "Which kernel ran": the call names its path */
+    char want[64];
+    snprintf(want, sizeof want, "attention_forward cpu %s float32", algo_name(a));
+    CHECK(strncmp(flashkv_last_kernel_path(), want, strlen(want)) == 0, "%s/%s kernel path: '%s' (want '%s...')",
+          name, algo_name(a), flashkv_last_kernel_path(), want);
   }
   /* lse is optional in forward. */
   {

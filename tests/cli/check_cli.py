@@ -53,6 +53,11 @@ def check_bench_json(binary):
                    f"timings {e}")
             expect(e["bytes_moved"] > 0, f"bytes moved {e}")
             expect(0 < e["cpu_share_best"] <= 1.5, f"cpu share of the best call in (0, 1] (+ clock slack): {e}")
+            alg = {"naive": "naive", "v1": "v1", "v2": "tiled"}[e["variant"]]
+            expect(e.get("kernel_path") == f"attention_forward cpu {alg} float32 hdim32 causal",
+                   f"kernel path of the row names the kernel that ran: {e.get('kernel_path')!r}")
+        expect("kernel path" in r.stdout and "attention_forward cpu tiled float32 hdim32 causal" in r.stdout,
+               "the table prints the kernel path per row")
         by = {(e["variant"], e["seqlen"]): e for e in res}
         for s in (96, 200):
             expect(by[("naive", s)]["bytes_moved"] > by[("v2", s)]["bytes_moved"],
@@ -69,6 +74,13 @@ def check_bench_json(binary):
                 "--variant", "naive", "--max-naive-memory", "0.0001", "--quiet")
         expect(r.returncode == 0 and "skipped" in r.stdout, f"naive skipped over the memory limit: {r.stdout}")
         expect(r.stderr == "", "--quiet prints nothing on stderr")
+        # docs/cli.md: FLASHKV_LOG=1 prints one line per kernel-running call
+        r = subprocess.run([binary, "bench", "attention", "--seqlen", "256", "--head-dim", "64", "--heads", "2",
+                            "--repeats", "1", "--variant", "v2", "--quiet"], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, FLASHKV_LOG="1"))
+        lines = [l for l in r.stderr.splitlines() if l.startswith("flashkv: ")]
+        expect(r.returncode == 0 and lines == ["flashkv: attention_forward cpu tiled float32 hdim64"],
+               f"FLASHKV_LOG=1: one line per call: {r.stderr!r}")
 
 
 def check_explain(binary):
@@ -166,10 +178,154 @@ def check_docs(binary):
             expect(r.returncode == 0, f"documented command exits 0: {cmd}\n{r.stderr[-800:]}")
 
 
+def models_dir():
+    """The shipped model's folder (FLASHKV_MODELS_DIR, as the engine tests), or None when it is missing."""
+    d = Path(os.environ.get("FLASHKV_MODELS_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "models"))
+    return d if (d / "aidreams260K.bin").is_file() and (d / "aidreams260K.tok512.bin").is_file() else None
+
+
+def model_args():
+    d = models_dir()
+    return ["--model", str(d / "aidreams260K.bin"), "--tokenizer", str(d / "aidreams260K.tok512.bin")] if d else None
+
+
+def expect_user_error(binary, args, name, env=None):
+    """Exit 2, exactly one line on stderr naming `name`, nothing on stdout (the check came before any work)."""
+    r = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300, env=env)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    expect(r.returncode == 2, f"{args}: exit code {r.returncode} (want 2): {r.stderr}")
+    expect(len(lines) == 1, f"{args}: one line on stderr, got {len(lines)}: {r.stderr!r}")
+    expect(name in r.stderr and "internal error" not in r.stderr, f"{args}: message names {name}: {r.stderr!r}")
+    expect(r.stdout == "", f"{args}: nothing on stdout before the error: {r.stdout[:200]!r}")
+
+
+def check_parsing(binary):
+    """Issue 10 item 13: one parser for counts and lists; item 5: kv-mem checked arithmetic."""
+    tiny = ["--head-dim", "16", "--heads", "1", "--repeats", "1", "--variant", "v2", "--quiet"]
+    for args, name in [
+        (["bench", "attention", "--seqlen", "64,,128", *tiny], "'64,,128' (item 2 is empty)"),
+        (["bench", "attention", "--seqlen", ",64", *tiny], "--seqlen"),
+        (["bench", "attention", "--seqlen", "64,", *tiny], "--seqlen"),
+        (["bench", "attention", "--seqlen", "", *tiny], "empty list"),
+        (["bench", "attention", "--seqlen", "2m", *tiny], "--seqlen"),
+        (["bench", "attention", "--heads", "99999999999999999999", "--quiet"], "--heads"),
+        (["bench", "attention", "--threads", "-1", "--quiet"], "--threads"),
+        (["bench", "attention", "--seqlen", "1m", "--heads", "4096", "--head-dim", "256", "--quiet"], "fit in memory"),
+        (["explain", "tiles", "--threads", "-2"], "--threads"),
+        (["explain", "tiles", "--seqlen", "1k,2k"], "--seqlen"),
+        (["kv-mem", "--model", "llama-3-8b", "--kv-cache", ""], "--kv-cache"),
+        (["kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16,,int8"], "item 2 is empty"),
+        (["kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16,"], "--kv-cache"),
+        (["kv-mem", "--model", "llama-3-8b", "--tokens", "1.5k"], "--tokens"),
+        (["kv-mem", "--model", "llama-3-8b", "--page-size", "3"], "page_size"),
+        (["kv-mem", "--model", "llama-3-8b", "--tokens", "0"], "--tokens"),
+        (["bench"], "subcommand"),
+        (["explain"], "subcommand"),
+        # item 5: sizes whose byte counts overflow int64 are refused, never printed as negative or tiny numbers
+        (["kv-mem", "--tokens", "2147483647k", "--batch", "2147483647", "--model", "llama-3-8b", "--kv-cache", "bf16"],
+         "--tokens/--batch"),
+        (["kv-mem", "--tokens", "999999999999k", "--model", "llama-3-8b", "--kv-cache", "bf16"], "--tokens/--batch"),
+        (["kv-mem", "--tokens", "99999999999999999999", "--model", "llama-3-8b"], "--tokens"),
+        (["kv-mem", "--model", "llama-3-8b", "--memory", "1e30GB"], "--memory"),
+        (["eval", "kv", "--formats", ",,", "--no-needle"], "--formats"),
+        (["eval", "kv", "--formats", "bf16", "--needle-contexts", "1k,,2k"], "--needle-contexts"),
+        (["eval", "kv", "--formats", "bf16", "--distributions", "gaussian,"], "--distributions"),
+        (["eval", "kv", "--formats", "bf16", "--margin", "nan"], "--margin"),
+        (["eval", "kv", "--formats", "int8", "--page-size", "7", "--no-needle"], "page_size"),
+    ]:
+        expect_user_error(binary, args, name)
+    # 1k = 1024 wherever token counts are taken
+    with tempfile.TemporaryDirectory() as tmp:
+        j = Path(tmp) / "b.json"
+        r = run(binary, "bench", "attention", "--seqlen", "1k", "--json", str(j), "--threads", "0", *tiny)
+        expect(r.returncode == 0, f"bench --seqlen 1k: {r.stderr}")
+        data = json.loads(j.read_text())
+        expect([e["seqlen"] for e in data["results"]] == [1024], "bench --seqlen 1k = 1024")
+        expect(data["machine"]["threads"] == os.cpu_count() or "OMP_NUM_THREADS" in os.environ,
+               f"--threads 0 = all cores: {data['machine']['threads']} vs {os.cpu_count()}")
+    r = run(binary, "eval", "kv", "--tokens", "1k", "--formats", "bf16,k:int8,v:int4", "--distributions", "gaussian",
+            "--no-needle", "--json", "-")
+    expect(r.returncode == 0, f"eval kv --tokens 1k with a k:/v: pair in --formats: {r.stderr}")
+    if r.returncode == 0:
+        js = json.loads(r.stdout[r.stdout.index("{"):])
+        expect(js["settings"]["tokens"] == 1024, "eval kv --tokens 1k = 1024")
+        expect([f["kv_cache_dtype"] for f in js["formats"]] == ["bf16", "k:int8,v:int4"], f"{js['formats']}")
+    # --threads 0 means all cores in explain tiles too (it was an error there)
+    r0, rn = run(binary, "explain", "tiles", "--threads", "0"), run(binary, "explain", "tiles", "--threads",
+                                                                      str(os.cpu_count()))
+    expect(r0.returncode == 0 and (r0.stdout == rn.stdout or "OMP_NUM_THREADS" in os.environ),
+           f"explain tiles --threads 0 = --threads {os.cpu_count()}: {r0.stderr}")
+    # kv-mem: the same list in commas, spaces, or both
+    a = run(binary, "kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16,k:int8,v:int4", "--json", "-")
+    b = run(binary, "kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16 k:int8,v:int4", "--json", "-")
+    expect(a.returncode == 0 and a.stdout == b.stdout, "kv-mem --kv-cache: commas and spaces separate items alike")
+
+
+def check_output_paths(binary):
+    """Issue 10 item 6: every output path is checked before the work; a bad one is exit 2 with one line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [
+            (["bench", "attention", "--json", "/proc/x/b.json", "--quiet"], "--json"),
+            (["bench", "attention", "--json", tmp, "--quiet"], "a directory"),
+            (["kv-mem", "--model", "llama-3-8b", "--json", "/nonexistent-dir/k.json"], "--json"),
+            (["eval", "kv", "--formats", "bf16", "--heatmap-dir", "/proc/x"], "--heatmap-dir"),
+            (["eval", "kv", "--formats", "bf16", "--json", "/nonexistent-dir/e.json"], "--json"),
+        ]
+        m = model_args()
+        if m:
+            cases += [
+                (["eval", *m, "--kv-cache", "int8", "--json", "/proc/x/e.json"], "--json"),
+                (["eval", *m, "--kv-cache", "int8", "--plot", "/nonexistent-dir/p.svg"], "--plot"),
+                (["eval", *m, "--kv-cache", "int8", "--text", tmp], "--text"),
+                (["eval", *m, "--kv-cache", ""], "--kv-cache"),
+                (["eval", *m, "--kv-cache", "bf16,,int8"], "--kv-cache"),
+                (["demo", *m, "--json", "/proc/x/d.json"], "--json"),
+                (["demo", *m, "--kv-cache", "int8,"], "--kv-cache"),
+                (["convert", *m, "-o", "/proc/x/m.gguf"], "--output"),
+                (["generate", *m, "--kv-cache", ""], "--kv-cache"),
+                (["generate", *m, "--steps", "0"], "--steps"),
+            ]
+        else:
+            print("note: shipped model not found (FLASHKV_MODELS_DIR): eval/demo/convert/generate cases skipped")
+        for args, name in cases:
+            expect_user_error(binary, args, name)
+        expect(os.listdir(tmp) == [], "nothing left behind by the path checks")
+        # an existing file given as --json is not modified by the check (only by the final write)
+        j = Path(tmp) / "keep.json"
+        j.write_text("old")
+        r = run(binary, "kv-mem", "--model", "llama-3-8b", "--kv-cache", "bf16,", "--json", str(j))
+        expect(r.returncode == 2 and j.read_text() == "old", "an existing output file is untouched when the run fails")
+
+
+def check_memory_wording(binary):
+    """Issue 10 item 9: `generate` and `kv-mem` report KV memory vs bf16 with one formula and one wording."""
+    m = model_args()
+    if not m:
+        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        return 77
+    for fmt in ("int8", "int4", "fp32"):
+        g = run(binary, "generate", *m, "--steps", "4", "--temperature", "0", "--kv-cache", fmt, "--json")
+        expect(g.returncode == 0, f"generate {fmt}: {g.stderr}")
+        gj = json.loads(g.stdout)
+        k = run(binary, "kv-mem", "--model", m[1], "--tokens", str(gj["kv_tokens"]), "--kv-cache", fmt, "--json", "-")
+        expect(k.returncode == 0, f"kv-mem {fmt}: {k.stderr}")
+        kj = json.loads(k.stdout[k.stdout.index("{"):])["formats"][0]
+        expect(gj["kv_bytes"] == kj["total_bytes"], f"{fmt}: generate's bytes {gj['kv_bytes']} = kv-mem's "
+               f"{kj['total_bytes']} for {gj['kv_tokens']} tokens")
+        expect(abs(gj["kv_bf16_bytes"] / gj["kv_bytes"] - kj["ratio_vs_bf16"]) < 1e-9,
+               f"{fmt}: one ratio vs bf16: generate {gj['kv_bf16_bytes'] / gj['kv_bytes']}, kv-mem {kj['ratio_vs_bf16']}")
+        expect(gj["kv_vs_bf16"] == kj["vs_bf16"], f"{fmt}: one wording: {gj['kv_vs_bf16']!r} vs {kj['vs_bf16']!r}")
+        t = run(binary, "generate", *m, "--steps", "4", "--temperature", "0", "--kv-cache", fmt)
+        expect(kj["vs_bf16"] in t.stdout, f"{fmt}: the text line says {kj['vs_bf16']!r}: {t.stdout[-300:]!r}")
+
+
 def main():
-    binary, check = os.path.abspath(sys.argv[1]), sys.argv[2]
-    {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args,
-     "docs": check_docs}[check](binary)
+    binary, check = sys.argv[1], sys.argv[2]
+    rc = {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args,
+          "parsing": check_parsing, "output_paths": check_output_paths,
+          "memory_wording": check_memory_wording, "docs": check_docs}[check](os.path.abspath(binary))
+    if rc == 77 and not failed:
+        return 77
     print(f"{passed} passed, {failed} failed")
     return 1 if failed or not passed else 0
 

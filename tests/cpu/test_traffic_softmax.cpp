@@ -129,7 +129,7 @@ TEST(OnlineSoftmax, StepByStepEqualsExactSoftmax) {
     saw_rescale = saw_rescale || (j0 > 0 && alpha < 1.0f);
   }
   EXPECT_TRUE(saw_rescale);
-  const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data());
+  const float lse = cpu::online_softmax_finalize(st, o.data(), dv, out.data(), true);
   double mx = -1e300, l = 0.0;
   for (float x : s) mx = std::max(mx, static_cast<double>(x));
   for (float x : s) l += std::exp(x - mx);
@@ -149,16 +149,59 @@ TEST(OnlineSoftmax, MaskedTilesAndEmptyRows) {
   EXPECT_EQ(cpu::online_softmax_update(st, masked.data(), 2, v.data(), 3, o.data()), 1.0f);
   EXPECT_EQ(st.m, ninf);
   EXPECT_EQ(st.l, 0.0f);
-  EXPECT_EQ(cpu::online_softmax_finalize(st, o.data(), 3, out.data()), ninf);
+  EXPECT_EQ(cpu::online_softmax_finalize(st, o.data(), 3, out.data(), /*has_keys=*/false), ninf);
   for (float x : out) EXPECT_EQ(x, 0.0f);
   // huge logits: no overflow, no NaN
   std::vector<float> big = {1e30f, -1e30f};
   std::vector<float> vv = {1, 2, 3, 4, 5, 6};
   cpu::online_softmax_update(st, big.data(), 2, vv.data(), 3, o.data());
-  const float lse = cpu::online_softmax_finalize(st, o.data(), 3, out.data());
+  const float lse = cpu::online_softmax_finalize(st, o.data(), 3, out.data(), true);
   EXPECT_EQ(lse, 1e30f);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[2], 3.0f);
+}
+
+TEST(OnlineSoftmax, NonFiniteScoresGiveNaNRowsNotEmptyRows) {
+  // include/flashkv/attention.hpp NON-FINITE INPUTS, at the level of one row: a NaN or +inf score anywhere (first
+  // tile, a later tile, a tile where everything else is masked) makes out and lse NaN; all-(−inf) visible scores are
+  // NaN too; only has_keys = false gives (0, −inf).
+  const float ninf = -std::numeric_limits<float>::infinity(), inf = -ninf;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> v = {1, 2, 3, 4, 5, 6};
+  struct Case {
+    std::vector<std::vector<float>> tiles;
+    bool has_keys;
+    bool want_nan;
+  };
+  const Case cases[] = {
+      {{{0.5f, nan}, {1.0f, 2.0f}}, true, true},   // NaN in the first tile
+      {{{0.5f, 1.0f}, {nan, 2.0f}}, true, true},   // NaN in a later tile
+      {{{ninf, nan}, {1.0f, 2.0f}}, true, true},   // NaN next to masked keys only ("nothing visible yet")
+      {{{ninf, ninf}, {nan, ninf}}, true, true},   // NaN and masked keys only
+      {{{1.0f, inf}, {2.0f, 3.0f}}, true, true},   // +inf: exp(inf − inf)
+      {{{1.0f, 2.0f}, {inf, 3.0f}}, true, true},   // +inf in a later tile
+      {{{ninf, ninf}, {ninf, ninf}}, true, true},  // keys visible but every score −inf
+      {{{ninf, ninf}, {ninf, ninf}}, false, false},  // no visible key: 0 and −inf
+      {{{ninf, 1.0f}, {ninf, 2.0f}}, true, false},   // some −inf: p = 0 for those, the rest normal
+  };
+  for (const Case& c : cases) {
+    cpu::OnlineSoftmaxRow st;
+    std::vector<float> o(3, 0.0f), out(3, 9.0f);
+    for (std::vector<float> t : c.tiles) cpu::online_softmax_update(st, t.data(), 2, v.data(), 3, o.data());
+    const float lse = cpu::online_softmax_finalize(st, o.data(), 3, out.data(), c.has_keys);
+    if (c.want_nan) {
+      EXPECT_TRUE(std::isnan(lse)) << lse;
+      for (float x : out) EXPECT_TRUE(std::isnan(x)) << x;
+    } else if (!c.has_keys) {
+      EXPECT_EQ(lse, ninf);
+      for (float x : out) EXPECT_EQ(x, 0.0f);
+    } else {
+      EXPECT_TRUE(std::isfinite(lse));
+      const double e = std::exp(1.0 - 2.0);  // keys with scores 1 and 2: v rows 1 and 1 of the two tiles
+      EXPECT_NEAR(out[0], (e * 4 + 1 * 4) / (e + 1), 1e-5);
+      EXPECT_NEAR(lse, 2.0 + std::log(1.0 + e), 1e-5);
+    }
+  }
 }
 
 TEST(OnlineSoftmax, ExpFlushAccuracy) {
@@ -171,6 +214,7 @@ TEST(OnlineSoftmax, ExpFlushAccuracy) {
   EXPECT_EQ(cpu::exp_flush(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_EQ(cpu::exp_flush(-100.0f), 0.0f);
   EXPECT_EQ(cpu::exp_flush(0.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(cpu::exp_flush(std::numeric_limits<float>::quiet_NaN())));
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "core/path_log.hpp"
 #include "core/validate.hpp"
 #include "cuda/attention_cuda.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda/util.hpp"
 #include "cuda_test_util.hpp"
 #include "flashkv/attention.hpp"
@@ -33,6 +35,7 @@ struct Case {
   bool strided = false;                 ///< q/k/v/out views with a padded head stride (padded-copy path)
   bool deterministic = true;
   Algorithm algorithm = Algorithm::tiled;
+  KernelFamily family = KernelFamily::automatic;  ///< automatic: the suite's family (FamilyScope)
   std::string name() const {
     char buf[256];
     std::snprintf(buf, sizeof buf, "%s d=%d b=%d h=%d/%d sq=%d sk=%d win=(%d,%d) causal=%d softcap=%g%s%s %s",
@@ -143,8 +146,19 @@ CaseData make_run(const Case& c, std::mt19937_64& rng) {
   return r;
 }
 
+/// The kernel family of the running suite: Cuda* suites run `automatic` (sm90 on Hopper where compiled), Cuda*Sm80
+/// suites force sm80 through AttentionOptions::kernel_family (never through the environment).
+KernelFamily g_family = KernelFamily::automatic;
+struct FamilyScope {
+  explicit FamilyScope(KernelFamily f) { g_family = f; }
+  ~FamilyScope() { g_family = KernelFamily::automatic; }
+  FamilyScope(const FamilyScope&) = delete;
+  FamilyScope& operator=(const FamilyScope&) = delete;
+};
+
 AttentionOptions options_of(const Case& c) {
   AttentionOptions o;
+  o.kernel_family = c.family != KernelFamily::automatic ? c.family : g_family;
   o.causal = c.causal;
   o.window_size_left = c.window_left;
   o.window_size_right = c.window_right;
@@ -224,46 +238,72 @@ void check_forward(const Case& c) {
   EXPECT_LE(lerr, 2 * naive_lerr + 1e-4) << "lse: kernel err " << lerr << " vs naive " << naive_lerr;
 }
 
-/// Forces the sm80 kernels for its lifetime (FLASHKV_CUDA_SM80_ONLY=1): on Hopper the default dispatch takes the sm90
-/// (wgmma) kernels for head dims 64/128/256, so each grid test runs once per kernel family.
-struct Sm80Only {
-  Sm80Only() {
-    if (const char* v = std::getenv("FLASHKV_CUDA_SM80_ONLY")) previous_ = v, had_ = true;
-    setenv("FLASHKV_CUDA_SM80_ONLY", "1", 1);
-  }
-  ~Sm80Only() {
-    if (had_) {
-      setenv("FLASHKV_CUDA_SM80_ONLY", previous_.c_str(), 1);
-    } else {
-      unsetenv("FLASHKV_CUDA_SM80_ONLY");
+bool is_hopper() {
+  int dev = 0, major = 0, minor = 0;
+  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  return major == 9 && minor == 0;
+}
+bool sm80_only_env() {
+  const char* v = std::getenv("FLASHKV_CUDA_SM80_ONLY");
+  return v != nullptr && v[0] != '\0' && std::string(v) != "0";
+}
+bool contains(const std::string& s, const std::string& x) { return s.find(x) != std::string::npos; }
+
+/// Runs one forward of c and returns the recorded kernel path.
+std::string forward_path(const Case& c) {
+  std::mt19937_64 rng(11);
+  const CaseData r = make_run(c, rng);
+  DeviceRun d(c, r);
+  cuda::attention_forward_cuda(d.forward_problem(c), nullptr);
+  return core::last_path();
+}
+
+// The family is decided once per call from the device and the build: on Hopper, with a build that carries sm_90a
+// code, `auto` must really take the sm90 kernels (else the Cuda* suites would test the sm80 kernels twice) for the
+// head dims that have them, and `sm80` must take the mma.sync ones; a family that cannot run is an UnsupportedError
+// naming it.
+TEST(CudaKernels, FamilyIsDecidedOncePerCall) {
+  const bool hopper = is_hopper();
+  const bool sm90 = hopper && cuda::sm90_kernels_compiled();
+  std::printf("  %s, sm90 kernels compiled: %d, runs sm90: %d\n", hopper ? "Hopper" : "not Hopper",
+              static_cast<int>(cuda::sm90_kernels_compiled()), static_cast<int>(cuda::device_runs_sm90()));
+  EXPECT_EQ(cuda::device_runs_sm90(), sm90);
+  for (int d : {64, 128, 256, 96}) {
+    Case c;
+    c.head_dim = d, c.batch = 1, c.heads = c.heads_kv = 2, c.seqlen_q = c.seqlen_k = 70;
+    try {
+      const std::string a = forward_path(c);
+      // generate_instantiations.py HEAD_DIMS: 96 and 192 are sm80 only (a head dim that is not compiled runs padded)
+      const bool has90 = !contains(a, "hdim96 ") && !contains(a, "hdim192 ");
+      EXPECT_TRUE(contains(a, (sm90 && has90 && !sm80_only_env()) ? " sm90 fwd " : " sm80 fwd ")) << a;
+      c.family = KernelFamily::sm80;
+      const std::string b = forward_path(c);
+      EXPECT_TRUE(contains(b, " sm80 fwd hdim")) << b;
+      c.family = KernelFamily::sm90;
+      if (sm90) {  // a head dim without an sm90 kernel of its own runs padded on the next larger one (64/128/256)
+        EXPECT_TRUE(contains(forward_path(c), " sm90 fwd hdim")) << core::last_path();
+      } else {
+        try {
+          forward_path(c);
+          ADD_FAILURE() << "expected UnsupportedError for kernel_family sm90, head_dim " << d;
+        } catch (const UnsupportedError& e) {
+          EXPECT_TRUE(contains(e.what(), "sm90")) << e.what();
+        }
+      }
+    } catch (const UnsupportedError& e) {
+      std::printf("  [not compiled] %s\n", e.what());
     }
   }
-  Sm80Only(const Sm80Only&) = delete;
-  Sm80Only& operator=(const Sm80Only&) = delete;
-
- private:
-  std::string previous_;
-  bool had_ = false;
-};
-
-// On Hopper, with a build that carries sm_90a code, the default dispatch must really take the sm90 kernels (else the
-// Cuda* suites would test the sm80 kernels twice), and FLASHKV_CUDA_SM80_ONLY must switch it off.
-TEST(CudaKernels, HopperTakesSm90Kernels) {
-  int dev = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
-  const bool hopper = major == 9 && minor == 0;
-  std::printf("  sm_%d%d, sm90 kernels compiled: %d\n", major, minor, static_cast<int>(cuda::sm90_kernels_compiled()));
-  if (const char* v = std::getenv("FLASHKV_CUDA_SM80_ONLY"); v != nullptr && v[0] != '\0' && std::string(v) != "0") {
-    GTEST_SKIP() << "FLASHKV_CUDA_SM80_ONLY is set";
+  Case v;
+  v.algorithm = Algorithm::v1_order, v.family = KernelFamily::sm90;
+  try {
+    forward_path(v);
+    ADD_FAILURE() << "expected UnsupportedError for v1_order with kernel_family sm90";
+  } catch (const UnsupportedError& e) {
+    EXPECT_TRUE(contains(e.what(), "sm90")) << e.what();
   }
-  EXPECT_EQ(cuda::sm90_dispatch_active(), hopper && cuda::sm90_kernels_compiled());
-  {
-    Sm80Only only;
-    EXPECT_FALSE(cuda::sm90_dispatch_active());
-  }
-  EXPECT_EQ(cuda::sm90_dispatch_active(), hopper && cuda::sm90_kernels_compiled());
 }
 
 std::vector<int> head_dims() { return {64, 128, 59, 111, 96, 192, 256}; }
@@ -309,9 +349,10 @@ void forward_grid() {
   }
 }
 TEST(CudaForward, GridVsFloat64Reference) { forward_grid(); }
-// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+// The same with the sm80 (mma.sync) kernels (kernel_family = sm80), which Hopper would otherwise not run for these
+// head dims.
 TEST(CudaForwardSm80, GridVsFloat64Reference) {
-  Sm80Only only;
+  FamilyScope only(KernelFamily::sm80);
   forward_grid();
 }
 
@@ -330,9 +371,9 @@ void forward_varlen() {
   }
 }
 TEST(CudaForward, VarlenWithEmptySequences) { forward_varlen(); }
-// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+// The same with the sm80 (mma.sync) kernels.
 TEST(CudaForwardSm80, VarlenWithEmptySequences) {
-  Sm80Only only;
+  FamilyScope only(KernelFamily::sm80);
   forward_varlen();
 }
 
@@ -470,9 +511,9 @@ void backward_grid() {
   }
 }
 TEST(CudaBackward, GridVsFloat64Reference) { backward_grid(); }
-// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+// The same with the sm80 (mma.sync) kernels.
 TEST(CudaBackwardSm80, GridVsFloat64Reference) {
-  Sm80Only only;
+  FamilyScope only(KernelFamily::sm80);
   backward_grid();
 }
 
@@ -487,9 +528,9 @@ void backward_varlen_strided() {
   check_backward(s);
 }
 TEST(CudaBackward, VarlenAndStrided) { backward_varlen_strided(); }
-// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+// The same with the sm80 (mma.sync) kernels.
 TEST(CudaBackwardSm80, VarlenAndStrided) {
-  Sm80Only only;
+  FamilyScope only(KernelFamily::sm80);
   backward_varlen_strided();
 }
 
@@ -551,10 +592,42 @@ void backward_deterministic() {
   check_backward(w);
 }
 TEST(CudaBackward, DeterministicIsBitIdentical) { backward_deterministic(); }
-// The same with the sm80 (mma.sync) kernels forced, which Hopper would otherwise not run for these head dims.
+// The same with the sm80 (mma.sync) kernels.
 TEST(CudaBackwardSm80, DeterministicIsBitIdentical) {
-  Sm80Only only;
+  FamilyScope only(KernelFamily::sm80);
   backward_deterministic();
+}
+
+// core::record_path once per call (issue 10 item 4): family, kind, compiled head dim, dtype, mask, tiles; padding of
+// the head dim and the padded copy named when they happen; the backward names atomic / deterministic.
+TEST(CudaKernels, PathReportNamesWhatRan) {
+  Case c;
+  c.head_dim = 64, c.causal = true, c.family = KernelFamily::sm80;
+  std::string s = forward_path(c);
+  EXPECT_EQ(s.rfind("attention_forward cuda sm80 fwd hdim64 bfloat16 causal tiles ", 0), 0u) << s;
+  c.head_dim = 59, c.causal = false, c.window_left = 5, c.window_right = 3;
+  s = forward_path(c);
+  EXPECT_TRUE(contains(s, " window ") && contains(s, "head_dim 59 padded") && contains(s, "padded-copy")) << s;
+  c.head_dim = 64, c.window_left = c.window_right = -1, c.strided = true, c.softcap = 10.f;
+  s = forward_path(c);
+  EXPECT_TRUE(contains(s, " softcap ") && contains(s, "padded-copy") && !contains(s, "padded ")) << s;
+  Case v;
+  v.algorithm = Algorithm::v1_order;
+  s = forward_path(v);
+  EXPECT_EQ(s.rfind("attention_forward cuda sm80 fwd_v1 hdim64 bfloat16 tiles 64x64", 0), 0u) << s;
+  for (bool det : {false, true}) {
+    Case b;
+    b.deterministic = det, b.family = KernelFamily::sm80, b.varlen_q = {5, 9}, b.varlen_k = {7, 3};
+    std::mt19937_64 rng(5);
+    const CaseData r = make_run(b, rng);
+    DeviceRun d(b, r);
+    cuda::attention_forward_cuda(d.forward_problem(b), nullptr);
+    const HostTensor dout = random_pitched(r.ref.total_q(), b.heads, b.head_dim, r.pitch, b.dtype, rng);
+    run_backward(b, r, d, dout);
+    s = core::last_path();
+    EXPECT_EQ(s.rfind("attention_backward cuda sm80 bwd hdim64 bfloat16 varlen ", 0), 0u) << s;
+    EXPECT_TRUE(contains(s, det ? " deterministic " : " atomic ")) << s;
+  }
 }
 
 }  // namespace

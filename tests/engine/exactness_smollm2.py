@@ -106,7 +106,9 @@ def compare(model, hf, cli, name, prompt, chat, steps):
 
 def markdown(results, meta):
     lines = ["# SmolLM2-135M-Instruct: greedy exactness vs a float64 numpy reference", "",
-             f"{meta['date']} · `{meta['command']}` · {meta['machine']}", "",
+             f"{meta['date']} · `{meta['command']}` · {meta['machine']} · load average at the end "
+             f"{' / '.join(f'{x:.1f}' for x in meta['load_average_at_end'])} (a shared machine: the tok/s columns are "
+             "not benchmarks)", "",
              "flashkv `generate --temperature 0 --kv-cache fp32 --ignore-eos` (float32 weights dequantized from the "
              "Q4_1/Q8_0 GGUF, OpenBLAS) vs `tests/engine/reference_gguf.py` (float64, explicit causal mask, own GGUF "
              "reader), teacher-forced on flashkv's tokens. margin = reference top-1 minus top-2 logit; diff = max over "
@@ -151,7 +153,8 @@ def main():
         results.append(r)
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": "python3 tests/engine/exactness_smollm2.py " + " ".join(sys.argv[1:]),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "load_average_at_end": os.getloadavg()}
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)

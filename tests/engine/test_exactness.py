@@ -16,8 +16,10 @@ MODELS = os.environ.get("FLASHKV_MODELS_DIR",
                         os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
 MODEL = os.path.join(MODELS, "aidreams260K.bin")
 TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
-pytestmark = pytest.mark.skipif(not (os.path.exists(MODEL) and os.path.exists(TOK)),
-                                reason=f"shipped test model missing ({MODEL}): set FLASHKV_MODELS_DIR")
+pytestmark = pytest.mark.skipif(
+    not (os.path.isfile(MODEL) and os.path.isfile(TOK)),
+    reason=f"shipped model not found in {MODELS!r}: set FLASHKV_MODELS_DIR (default ../shared/models)",
+)
 PROMPTS = ["", "The machine dreams of", "Echoes of light"]
 
 
@@ -196,3 +198,10 @@ def test_gguf_layout_matches_the_spec_and_the_checkpoint(checkpoint, tokenizer, 
         assert np.array_equal(t[b + "attn_norm.weight"], checkpoint.rms_att[l])
         assert np.array_equal(t[b + "ffn_norm.weight"], checkpoint.rms_ffn[l])
     assert np.array_equal(t["output_norm.weight"], checkpoint.rms_final)
+
+
+def test_named_model_aidreams260k_is_the_shipped_files(checkpoint, tokenizer):
+    p = run_cli("generate", "--model", "aidreams260k", "--prompt", "Echoes of light", "--temperature", "0", "--steps",
+                "200", "--json", "--kv-cache", "fp32")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["tokens"] == ref.greedy(checkpoint, tokenizer.encode("Echoes of light"), steps=200)

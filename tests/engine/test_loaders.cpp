@@ -62,7 +62,7 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
 }  // namespace
 
 TEST(Llama2c, ShippedModelHeader) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model m = load_model(model_path());
   EXPECT_EQ(m.format, CheckpointFormat::llama2c_legacy);
   EXPECT_EQ(m.config.dim, 64);
@@ -81,7 +81,7 @@ TEST(Llama2c, ShippedModelHeader) {
 }
 
 TEST(Llama2c, V1RoundTripIsBitExact) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model a = load_model(model_path());
   const std::string p = temp_path("v1.bin");
   write_llama2c_v1(a, p);
@@ -94,7 +94,7 @@ TEST(Llama2c, V1RoundTripIsBitExact) {
 }
 
 TEST(Gguf, F32RoundTripIsBitExactWithVocabulary) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model a = load_model(model_path());
   Tokenizer tok = Tokenizer::load_llama2c(tokenizer_path(), a.config.vocab_size);
   const std::string p = temp_path("f32.gguf");
@@ -115,7 +115,7 @@ TEST(Gguf, F32RoundTripIsBitExactWithVocabulary) {
 }
 
 TEST(Gguf, HalfAndQ8RoundTripsWithinFormatBounds) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model a = load_model(model_path());
   Tokenizer tok = Tokenizer::load_llama2c(tokenizer_path(), a.config.vocab_size);
   auto wa = all_weights(a);
@@ -159,7 +159,7 @@ TEST(Corrupt, MissingFileIsIoError) {
 }
 
 TEST(Corrupt, TruncatedLlama2cAtEveryRegion) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   auto bytes = read_bytes(model_path());
   for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{27}, std::size_t{28}, std::size_t{1000},
                         bytes.size() / 2, bytes.size() - 4, bytes.size() - 1}) {
@@ -172,7 +172,7 @@ TEST(Corrupt, TruncatedLlama2cAtEveryRegion) {
 }
 
 TEST(Corrupt, BadLlama2cHeaders) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   auto bytes = read_bytes(model_path());
   auto patched = [&](int field, int32_t value) {
     auto b = bytes;
@@ -201,7 +201,7 @@ TEST(Corrupt, BadLlama2cHeaders) {
 }
 
 TEST(Corrupt, GgufTruncatedAndPatched) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model a = load_model(model_path());
   Tokenizer tok = Tokenizer::load_llama2c(tokenizer_path(), a.config.vocab_size);
   const std::string p = temp_path("c.gguf");
@@ -238,7 +238,7 @@ TEST(Corrupt, GgufTruncatedAndPatched) {
 }
 
 TEST(Corrupt, RandomByteFlipsNeverCrash) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   Model a = load_model(model_path());
   Tokenizer tok = Tokenizer::load_llama2c(tokenizer_path(), a.config.vocab_size);
   const std::string p = temp_path("r.gguf");
@@ -262,7 +262,7 @@ TEST(Corrupt, RandomByteFlipsNeverCrash) {
 }
 
 TEST(Corrupt, TokenizerFiles) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   auto bytes = read_bytes(tokenizer_path());
   EXPECT_NO_THROW(Tokenizer::from_llama2c_bytes(bytes, 512));
   EXPECT_THROW(Tokenizer::from_llama2c_bytes(bytes, 513), IoError);  // vocab mismatch: truncated

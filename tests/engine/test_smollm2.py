@@ -189,16 +189,15 @@ def test_chat_multi_turn_context_is_the_template_rendering(gguf):
 
 
 def test_generate_streams_text_and_reports_speed():
-    p = run_cli("generate", "--model", "smollm2-135m", "--prompt", "The capital of France is", "--temperature", "0",
-                "--steps", "8")
+    p = run_cli("generate", "--prompt", "The capital of France is", "--temperature", "0", "--steps", "8")  # default model
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("The capital of France is Paris")
     assert "tok/s" in p.stdout and "kv cache fp32" in p.stdout
 
 
 def test_quantized_kv_cache_runs():
-    p = run_cli("generate", "--model", "smollm2-135m", "--prompt", "The capital of France is", "--temperature", "0",
-                "--steps", "8", "--kv-cache", "int4_kivi", "--residual", "32", "--json")
+    p = run_cli("generate", "--model", "smollm2-135m", "--chat", "--prompt", "What is the capital of France?",
+                "--temperature", "0", "--steps", "8", "--kv-cache", "int4_kivi", "--residual", "32", "--json")
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     assert j["kv_cache"] == "int4_kivi r32" and len(j["tokens"]) >= 1
@@ -216,6 +215,8 @@ def test_missing_model_names_the_setup_command(tmp_path):
 
 
 def test_inspect_lists_the_model():
+    p = run_cli("inspect", "--model", "smollm2-135m")
+    assert p.returncode == 0 and "GGUF v3" in p.stdout and "Q4_1 x210" in p.stdout, p.stdout[:500]
     p = run_cli("inspect", "--model", "smollm2-135m", "--json")
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)

@@ -19,7 +19,7 @@ const Tokenizer& shipped() {
 }  // namespace
 
 TEST(Tokenizer, ShippedVocabularyBasics) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   EXPECT_EQ(t.vocab_size(), 512);
   EXPECT_EQ(t.bos_id(), 1);
@@ -30,7 +30,7 @@ TEST(Tokenizer, ShippedVocabularyBasics) {
 }
 
 TEST(Tokenizer, EncodeConventions) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   EXPECT_EQ(t.encode("", true, false), std::vector<int32_t>{1});
   EXPECT_EQ(t.encode("", true, true), (std::vector<int32_t>{1, 2}));
@@ -46,7 +46,7 @@ TEST(Tokenizer, EncodeConventions) {
 }
 
 TEST(Tokenizer, RoundTripsAsciiUnicodeAndBytes) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   const std::vector<std::string> texts = {
       "Echoes of vectors unfold in the quiet of silicon dreams.",
@@ -67,7 +67,7 @@ TEST(Tokenizer, RoundTripsAsciiUnicodeAndBytes) {
 }
 
 TEST(Tokenizer, ByteFallbackUsesByteTokens) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   auto ids = t.encode("\xF0\x9F\x98\x80", false, false);  // 😀 is not a piece: 4 byte tokens after the prefix
   ASSERT_EQ(ids.size(), 5u);
@@ -79,7 +79,7 @@ TEST(Tokenizer, ByteFallbackUsesByteTokens) {
 }
 
 TEST(Tokenizer, RandomUtf8RoundTrips) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   std::mt19937_64 rng(test_seed());
   for (int trial = 0; trial < 200; ++trial) {
@@ -102,7 +102,7 @@ TEST(Tokenizer, UnknownCharactersWithoutBytePieces) {
 }
 
 TEST(Tokenizer, WriteReadRoundTrip) {
-  FLASHKV_REQUIRE_SHIPPED_MODEL();
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Tokenizer& t = shipped();
   const std::string p = temp_path("tok.bin");
   t.write_llama2c(p);

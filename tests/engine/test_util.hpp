@@ -11,8 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -23,9 +21,16 @@ inline std::string model_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); 
 inline std::string model_path() { return model_dir() + "/aidreams260K.bin"; }
 inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512.bin"; }
 
-/// True when the shipped 260K model and its tokenizer are present.
-inline bool shipped_model_present() {
-  return std::filesystem::is_regular_file(model_path()) && std::filesystem::is_regular_file(tokenizer_path());
+/// "" when the shipped model and tokenizer are there; else why not (tests that need them skip with this message
+/// instead of failing or crashing on an empty file).
+inline std::string missing_models_reason() {
+  for (const std::string& p : {model_path(), tokenizer_path()}) {
+    if (!std::filesystem::is_regular_file(p)) {
+      return "shipped model file '" + p + "' not found: set FLASHKV_MODELS_DIR to the folder holding aidreams260K.bin "
+             "and aidreams260K.tok512.bin (default ../shared/models next to the source tree)";
+    }
+  }
+  return "";
 }
 
 /// SmolLM2's GGUF (fetched by scripts/setup), or "" when it is not installed.
@@ -73,13 +78,10 @@ inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) 
 
 }  // namespace flashkv::test
 
-/// First statement of a test that reads the shipped model: skips it (reported as skipped by ctest, with the reason)
-/// instead of failing or crashing when ../shared/models (or $FLASHKV_MODELS_DIR) lacks the files.
-#define FLASHKV_REQUIRE_SHIPPED_MODEL()                                                                            \
-  do {                                                                                                             \
-    if (!::flashkv::test::shipped_model_present())                                                                 \
-      GTEST_SKIP() << "shipped test model missing: " << ::flashkv::test::model_path() << " / "                     \
-                   << ::flashkv::test::tokenizer_path() << " (set FLASHKV_MODELS_DIR to the directory holding them)"; \
+/// First statement of a test that needs the shipped model: skips it (gtest SKIPPED, ctest "Skipped") when missing.
+#define FLASHKV_SKIP_WITHOUT_MODELS()                                                          \
+  do {                                                                                         \
+    if (const std::string why = ::flashkv::test::missing_models_reason(); !why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
 /// First statement of a test that reads SmolLM2: skips it when scripts/setup has not fetched the model.

@@ -15,8 +15,10 @@ MODELS = os.environ.get("FLASHKV_MODELS_DIR",
                         os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
 MODEL = os.path.join(MODELS, "aidreams260K.bin")
 TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
-pytestmark = pytest.mark.skipif(not (os.path.exists(MODEL) and os.path.exists(TOK)),
-                                reason=f"shipped test model missing ({MODEL}): set FLASHKV_MODELS_DIR")
+pytestmark = pytest.mark.skipif(
+    not (os.path.isfile(MODEL) and os.path.isfile(TOK)),
+    reason=f"shipped model not found in {MODELS!r}: set FLASHKV_MODELS_DIR (default ../shared/models)",
+)
 SEEDS = [int(os.environ.get("FLASHKV_TEST_SEED", "11")) + i for i in range(3)]
 print("seeds", SEEDS)
 

@@ -30,13 +30,16 @@ def rng(request):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # A run that collects nothing must fail (pytest already exits 5; make it explicit for wrappers).
+    # A run that collects nothing must fail (pytest already exits 5; make it explicit for wrappers) — unless the
+    # whole module was skipped at collection (pytest.importorskip / skip(allow_module_level=True), e.g. no torch or
+    # no GPU): that is a skip (77) with its reason, like a file whose tests were all skipped.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if session.testscollected == 0:
-        session.exitstatus = 5
+        skipped = reporter is not None and reporter.stats.get("skipped") and not reporter.stats.get("error")
+        session.exitstatus = 77 if skipped and exitstatus in (0, 5) else 5
         return
     # A file whose tests were all skipped (e.g. FLASHKV_FULL_TESTS unset) exits 77, which ctest reports as skipped
     # (SKIP_RETURN_CODE in tests/python/CMakeLists.txt) instead of a pass.
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and exitstatus == 0:
         stats = reporter.stats
         if stats.get("skipped") and not stats.get("passed") and not stats.get("xpassed"):

@@ -128,7 +128,11 @@ def test_huge_logits_and_softcap(rng):
         out, lse = flashkv.attention(q, k, v, return_lse=True, **opts)
         ref, lse_ref = attention_ref(q, k, v, **opts)
         assert np.all(np.isfinite(out)) and np.all(np.isfinite(lse))
-        assert max_err(out, ref) <= 1e-5 * max(1.0, np.abs(ref).max())
+        # With logits ~1e4 the float32 rounding of the score sums dominates and depends on the summation order: judge
+        # against 2x the worst of two equally naive float32 orders (channels ascending / descending), as the C++ harness.
+        naive = max(max_err(forward_lowp(qq, kk, v, "float32", **opts), ref)
+                    for qq, kk in ((q, k), (q[..., ::-1], k[..., ::-1])))
+        assert max_err(out, ref) <= max(1e-5 * max(1.0, np.abs(ref).max()), 2.0 * naive)
         check_lse(lse, lse_ref)
 
 

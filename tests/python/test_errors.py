@@ -86,12 +86,40 @@ def test_bad_k_v(qkv):
         ({"dtype": "int8"}, ValueError, "dtype"),
         ({"num_threads": -1}, ValueError, "num_threads"),
         ({"causal": True, "window_size": (-1, 4)}, ValueError, "window_size_right"),
+        # values the C ABI's int32 fields cannot hold, and non-integers, are errors, never wrapped or truncated
+        ({"window_size": (2**40, 0)}, ValueError, r"window_size\[0\]"),
+        ({"window_size": (0, 2**32)}, ValueError, r"window_size\[1\]"),
+        ({"window_size": (1.5, 0)}, TypeError, r"window_size\[0\]"),
+        ({"num_threads": 2**40}, ValueError, "num_threads"),
+        ({"num_threads": 1.5}, TypeError, "num_threads"),
+        ({"num_threads": "2"}, TypeError, "num_threads"),
+        ({"causal": "yes"}, TypeError, "causal"),
+        ({"causal": 2}, TypeError, "causal"),
     ],
 )
 def test_bad_options(qkv, opts, exc, arg):
     q, k, v = qkv
     with pytest.raises(exc, match=names(arg)):
         flashkv.attention(q, k, v, **opts)
+
+
+def test_numpy_scalars_and_int_flags_are_accepted(qkv):
+    # np.float32(1 / sqrt(d)) is a natural softmax_scale; numpy ints for windows and threads; causal=1
+    q, k, v = qkv
+    ref = flashkv.attention(q, k, v, causal=True, window_size=(3, 0), softmax_scale=0.25, softcap=5.0, num_threads=1)
+    out = flashkv.attention(q, k, v, causal=1, window_size=(np.int64(3), np.int32(0)), softmax_scale=np.float32(0.25),
+                            softcap=np.float32(5.0), num_threads=np.int64(1))
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_varlen_max_seqlen_must_be_an_int(rng):
+    q = rng.standard_normal((10, 2, 16)).astype(np.float32)
+    cq = np.array([0, 4, 10], np.int32)
+    with pytest.raises(TypeError, match=names("max_seqlen_q")):
+        flashkv.attention_varlen(q, q, q, cq, cq, max_seqlen_q=6.5)  # was truncated to 6
+    with pytest.raises(TypeError, match=names("max_seqlen_k")):
+        flashkv.attention_varlen(q, q, q, cq, cq, max_seqlen_k="6")
+    assert flashkv.attention_varlen(q, q, q, cq, cq, max_seqlen_q=np.int64(6)).shape == q.shape
 
 
 def test_bfloat16_dtype_mismatch(qkv):
@@ -136,8 +164,12 @@ def test_varlen_errors(rng):
         flashkv.attention_varlen(q, kv, kv, np.array([0, 4, 9], np.int32), ck)  # last != total_q
     with pytest.raises(TypeError, match=names("cu_seqlens_k")):
         flashkv.attention_varlen(q, kv, kv, cq, ck.astype(np.float32))
-    with pytest.raises(TypeError, match=names("cu_seqlens_k")):
-        flashkv.attention_varlen(q, kv, kv, cq, ck.astype(np.int64))
+    with pytest.raises(ValueError, match=names("cu_seqlens_k")):
+        flashkv.attention_varlen(q, kv, kv, cq, np.array([0, 5, 2**31], np.int64))  # does not fit int32
+    with pytest.raises(ValueError, match=names("cu_seqlens_q")):
+        flashkv.attention_varlen(q, kv, kv, np.array([-1, 4, 10], np.int64), ck)
+    with pytest.raises(TypeError, match=names("cu_seqlens_q")):
+        flashkv.attention_varlen(q, kv, kv, [0.0, 4.0, 10.0], ck)
     with pytest.raises(ValueError, match=names("cu_seqlens_k")):
         flashkv.attention_varlen(q, kv, kv, cq, np.array([0, 12], np.int32))  # batch differs
     with pytest.raises(ValueError, match=names("max_seqlen_q")):

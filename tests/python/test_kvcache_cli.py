@@ -62,9 +62,9 @@ def test_kv_mem_explicit_pair_and_config_json(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["kv-mem", "--model", "llama-9b"], "'model'"),
+    (["kv-mem", "--model", "llama-9b"], "model'"),
     (["kv-mem", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--kv-cache", "int3"], "kv_cache_dtype"),
-    (["kv-mem", "--model", "mistral-7b", "--memory", "12 parsecs"], "'memory'"),
+    (["kv-mem", "--model", "mistral-7b", "--memory", "12 parsecs"], "memory'"),
     (["kv-mem", "--model", "mistral-7b", "--kv-cache", "int4_kivi", "--page-size", "16"], "'page_size'"),
     (["eval", "kv", "--formats", "int5"], "kv_cache_dtype"),
     (["eval", "kv", "--distributions", "cauchy"], "'distribution'"),

@@ -68,3 +68,35 @@ def test_explicit_max_seqlen(rng):
     a = flashkv.attention_varlen(q, q, q, cq, cq)
     b = flashkv.attention_varlen(q, q, q, cq, cq, max_seqlen_q=64, max_seqlen_k=64)  # upper bounds are fine
     np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_default_int64_and_list_cu_seqlens_are_converted(rng):
+    # issue 10 item 10: np.cumsum gives int64; it is converted (bounds-checked) and the caller's array is unchanged
+    q = rng.standard_normal((10, 2, 16)).astype(np.float32)
+    kv = rng.standard_normal((12, 2, 16)).astype(np.float32)
+    cq32, ck32 = cu([4, 6]), cu([5, 7])
+    cq64 = np.concatenate([[0], np.cumsum([4, 6])])
+    assert cq64.dtype == np.int64
+    ref, ref_lse = flashkv.attention_varlen(q, kv, kv, cq32, ck32, causal=True, return_lse=True)
+    out, lse = flashkv.attention_varlen(q, kv, kv, cq64, [0, 5, 12], causal=True, return_lse=True)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(lse, ref_lse)
+    assert cq64.dtype == np.int64 and list(cq64) == [0, 4, 10]
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    a = flashkv.attention_varlen_backward(dout, q, kv, kv, ref, ref_lse, cq32, ck32, causal=True)
+    b = flashkv.attention_varlen_backward(dout, q, kv, kv, ref, ref_lse, cq64, ck32.astype(np.uint32), causal=True)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_torch_int64_cu_seqlens_are_converted(rng):
+    torch = pytest.importorskip("torch")
+    q = torch.from_numpy(rng.standard_normal((10, 2, 16)).astype(np.float32))
+    cq64 = torch.tensor([0, 4, 10])  # torch's default integer dtype is int64
+    ref = flashkv.attention_varlen(q, q, q, cq64.to(torch.int32), cq64.to(torch.int32), causal=True)
+    out = flashkv.attention_varlen(q, q, q, cq64, cq64, causal=True)
+    assert torch.equal(out, ref) and cq64.dtype == torch.int64
+    with pytest.raises(ValueError, match="'cu_seqlens_k'"):
+        flashkv.attention_varlen(q, q, q, cq64, torch.tensor([0, 4, 2**31]))
+    with pytest.raises(TypeError, match="'cu_seqlens_q'"):
+        flashkv.attention_varlen(q, q, q, cq64.float(), cq64)

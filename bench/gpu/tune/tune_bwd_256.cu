@@ -1,6 +1,7 @@
 // Backward tile/warp-grid variants for head_dim 256 (tune_main.cu times them).
 #include <cuda_bf16.h>
 
+#include "../../../src/cuda/sm80/bwd_launch.cuh"
 #include "../../../src/cuda/sm90/bwd_launch.cuh"
 #include "tune.hpp"
 

@@ -1,6 +1,7 @@
 // Forward tile/feature variants for head_dim 256 (tune_main.cu times them).
 #include <cuda_bf16.h>
 
+#include "../../../src/cuda/sm80/fwd_launch.cuh"
 #include "../../../src/cuda/sm90/fwd_launch.cuh"
 #include "tune.hpp"
 

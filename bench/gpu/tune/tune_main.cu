@@ -1,6 +1,8 @@
 // Times every registered forward/backward variant (tune.hpp) on the FA3-paper shapes (16k tokens per batch, hidden
 // 2048, bf16) with CUDA events (3 warm-up runs, median of `reps`), and checks each variant's outputs against the
-// first registered variant of the same (mode, head_dim) — the previous release's kernel — on the same random inputs.
+// first registered variant of the same (mode, head_dim) — the sm80 tile-table configuration — on the same random
+// inputs. The previous release is measured side by side by bench/gpu/bench_attention.py --prev-library (its
+// libflashkv.so built from the pinned commit), not here.
 //   bench/gpu/tune/build.sh OUT && OUT/tune_kernels [fwd|bwd|all] [head_dims e.g. 64,128] [seqlens e.g. 512,8192]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -99,10 +101,6 @@ int main(int argc, char** argv) {
   const int reps = env_int("TUNE_REPS", 15);
   const int causal_only = env_int("TUNE_CAUSAL", -1);  // -1: both
   const char* filter = std::getenv("TUNE_FILTER");     // substring of the variant names to run (after the reference)
-  // The previous release's kernels first: they are the reference of each (mode, head_dim) group.
-  std::stable_sort(tune::registry().begin(), tune::registry().end(), [](const tune::Variant& a, const tune::Variant& b) {
-    return (a.name.rfind("prev", 0) == 0) > (b.name.rfind("prev", 0) == 0);
-  });
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs; %zu variants\n", prop.name, prop.multiProcessorCount, tune::registry().size());

@@ -12,8 +12,9 @@
 #include <cmath>
 
 #include "cuda/params.hpp"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/sm80/mma.cuh"
+#include "cuda/common/tile.cuh"
 
 namespace flashkv::cuda::sm80 {
 

@@ -8,17 +8,22 @@
 #include <cmath>
 
 #include "core/mask.hpp"
+#include "cuda/common/block.cuh"
+#include "cuda/common/nonfinite.cuh"
+#include "cuda/common/seqlen.cuh"
+#include "cuda/common/tile.cuh"
+#include "cuda/common/tile_size.hpp"
 #include "cuda/params.hpp"
-#include "cuda/sm80/common.cuh"
-#include "cuda/sm80/ptx.cuh"
-#include "cuda/sm80/tile.cuh"
+#include "cuda/sm80/mma.cuh"
 
 namespace flashkv::cuda::sm80 {
 
 template <int kHeadDim_>
 struct FwdV1Config {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64, kBlockN = 64, kNWarps = 4, kThreads = 128;
+  static constexpr int kBlockM = fwd_v1_tile().block_m, kBlockN = fwd_v1_tile().block_n;
+  static constexpr int kNWarps = fwd_v1_tile().warps, kThreads = kNWarps * 32;
+  static_assert(kBlockM == 16 * kNWarps, "one 16-row mma tile per warp");
   using TileQ = SmemTile<kBlockM, kHeadDim>;
   using TileKV = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kSmemBytes = TileQ::kBytes + 2 * TileKV::kBytes;
@@ -168,19 +173,34 @@ __global__ void __launch_bounds__(Cfg::kThreads) fwd_v1_kernel(const FwdParams p
   }
   cp_async_wait<0>();
   __syncthreads();
-  // Final pass: out = O / l, lse = m * scale + log(l).
+  // Final pass: out = O / l, lse = m * scale + log(l); a row with no visible key gets 0 / -inf, every other row is
+  // IEEE (common/softmax.cuh, OnlineSoftmax::finalize).
   T* og = static_cast<T*>(p.out) + b * p.out_s.batch + si.q_row0 * p.out_s.row + h * p.out_s.head;
   for (int idx = threadIdx.x; idx < si.seqlen_q * (p.head_dim / 2); idx += kThreads) {
     const int i = idx / (p.head_dim / 2), c = (idx % (p.head_dim / 2)) * 2;
-    const float l = MLg[2 * i + 1];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float l = MLg[2 * i + 1], m = MLg[2 * i];
+    const bool empty = rule.row_first(i) >= rule.row_last(i);
+    const float inv = empty ? 0.f : 1.f / l;
     const float2 v2 = *reinterpret_cast<const float2*>(&Og[static_cast<int64_t>(i) * kHeadDim + c]);
-    *reinterpret_cast<uint32_t*>(og + static_cast<int64_t>(i) * p.out_s.row + c) = pack2<T>(v2.x * inv, v2.y * inv);
+    *reinterpret_cast<uint32_t*>(og + static_cast<int64_t>(i) * p.out_s.row + c) =
+        empty ? 0u : pack2<T>(v2.x * inv, v2.y * inv);
     if (c == 0 && p.lse != nullptr) {
       const int64_t row = (p.cu_seqlens_q != nullptr ? si.q_row0 : 0) + i;
       p.lse[b * p.lse_batch + h * p.lse_head + row * p.lse_row] =
-          l > 0.f ? (MLg[2 * i] * scale_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
+          empty ? -INFINITY : (m == -INFINITY ? NAN : (m * scale_log2 + log2f(l)) * 0.69314718055994531f);
     }
+  }
+  // Rows whose O holds a non-finite element (legitimate, or 0 * inf from a masked key in P V) are recomputed exactly
+  // (common/nonfinite.cuh); one warp per row, rare.
+  __syncthreads();
+  attn::FwdBlock blk;
+  blk.si = si, blk.rule = rule, blk.m0 = 0, blk.rows_q = si.seqlen_q, blk.h = h, blk.hk = hk, blk.b = b;
+  for (int i = warp; i < si.seqlen_q; i += Cfg::kNWarps) {
+    bool bad = false;
+    for (int c = lane; c < p.head_dim; c += 32) {
+      bad |= (__float_as_uint(Og[static_cast<int64_t>(i) * kHeadDim + c]) & 0x7F800000u) == 0x7F800000u;
+    }
+    if (__any_sync(0xffffffffu, bad)) attn::recompute_row_exact<T, kHeadDim>(p, blk, i, lane);
   }
 }
 

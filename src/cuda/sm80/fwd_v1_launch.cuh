@@ -9,7 +9,7 @@
 namespace flashkv::cuda {
 
 template <int kHeadDim, class T>
-void run_fwd_v1(const FwdParams& p, cudaStream_t stream) {
+LaunchInfo run_fwd_v1(const FwdParams& p, cudaStream_t stream) {
   using Cfg = sm80::FwdV1Config<kHeadDim>;
   auto kernel = sm80::fwd_v1_kernel<Cfg, T>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
@@ -17,9 +17,7 @@ void run_fwd_v1(const FwdParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_heads, p.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "fwd_v1 kernel launch");
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kNWarps, false};
 }
-
-/// Query-block rounding of the v1 workspaces.
-constexpr int kFwdV1BlockM = 64;
 
 }  // namespace flashkv::cuda

@@ -6,9 +6,20 @@
 
 #include <cstdint>
 
+#include "cuda/common/ptx.cuh"
 #include "cuda/sm90/wgmma_ops.cuh"
 
 namespace flashkv::cuda::sm90 {
+
+using namespace ::flashkv::cuda::attn;  // the shared collectives (common/) are the sm90 family's vocabulary
+
+/// True in the device pass that compiles sm_90a code (wgmma exists); the sm90 kernels' bodies exist only there and
+/// are a trap elsewhere (kernel/fwd_kernel.cuh), which the host dispatch never reaches (kernels.cpp).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+inline constexpr bool kSm90aDevice = true;
+#else
+inline constexpr bool kSm90aDevice = false;
+#endif
 
 /// kRows x kCols 16-bit elements stored as kCols/64 panels of 64 columns; in a panel, row r occupies 128 bytes and its
 /// 16-byte chunk c sits at chunk c ^ (r & 7) (the hardware's 128-byte swizzle, so the base must be 1024-aligned).

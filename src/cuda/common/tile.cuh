@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "cuda/sm80/ptx.cuh"
+#include "cuda/common/ptx.cuh"
 
-namespace flashkv::cuda::sm80 {
+namespace flashkv::cuda::attn {
 
 template <int kRows_, int kCols_>
 struct SmemTile {
@@ -161,4 +161,4 @@ struct TileCopy {
     }
   }
 };
-}  // namespace flashkv::cuda::sm80
+}  // namespace flashkv::cuda::attn

@@ -1,12 +1,12 @@
-// Small device helpers shared by the sm80 kernels: per-sequence bounds (fixed-length or varlen) and fragment index
-// arithmetic.
+// Per-sequence bounds of one batch entry (fixed-length or varlen: FA3's SeqlenInfo) and the packed-row arithmetic of
+// the float32 workspaces; shared by every CUDA kernel family.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/params.hpp"
 
-namespace flashkv::cuda::sm80 {
+namespace flashkv::cuda::attn {
 
 struct SeqInfo {
   int64_t q_row0;  ///< first row of this sequence in the (packed) q / out tensors
@@ -41,4 +41,4 @@ __device__ __forceinline__ int64_t global_row_k(const FwdParams& p, const SeqInf
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-}  // namespace flashkv::cuda::sm80
+}  // namespace flashkv::cuda::attn

@@ -1,11 +1,7 @@
-// Thin wrappers over the Ampere-class (sm_80+) warp-level instructions the FA2-class kernels are built from:
-// cp.async (global -> shared, 16 bytes, zero-fill), ldmatrix (shared -> mma fragments, optionally transposed),
-// mma.sync m16n8k16 (bf16/fp16 inputs, float32 accumulation), ex2.approx and tanh.approx.
-//
-// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4*g + t:
-//   A 16x16 (row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
-//   B 16x8  (k x n):     b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
-//   C 16x8  (float):     c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// Thin wrappers over the warp-level instructions every CUDA kernel family of flashkv uses (sm_80 and later, so shared by
+// the sm80 mma.sync and the sm90 wgmma kernels): cp.async (global -> shared, 16 or 4 bytes, zero-fill), vector float
+// reductions, acquire loads, ex2.approx / tanh.approx, 16-bit packing, quad (4-lane) reductions and the non-finite
+// test of packed 16-bit values. The MMA atoms live with their family: sm80/mma.cuh (ldmatrix, mma.sync), sm90/wgmma.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,7 +9,7 @@
 
 #include <cstdint>
 
-namespace flashkv::cuda::sm80 {
+namespace flashkv::cuda::attn {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -37,42 +33,20 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
   atomicAdd(dst + 1, b);
 #endif
 }
+/// 4-byte asynchronous copy (cached at all levels; lse / D rows of the backward).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+/// Load with acquire semantics at GPU scope (the deterministic backward's turn counters).
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// d += a * b for one m16n8k16 tile; T is __nv_bfloat16 or __half.
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /// Two floats -> one 32-bit register holding two T (round to nearest even); `lo` is the lower address.
@@ -121,4 +95,26 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-}  // namespace flashkv::cuda::sm80
+/// Exponent bits of T (all ones: +-inf or NaN), for the non-finite tests of packed 16-bit values.
+template <class T>
+struct NonFiniteBits;
+template <>
+struct NonFiniteBits<__nv_bfloat16> {
+  static constexpr uint32_t kPair = 0x7F807F80u;
+};
+template <>
+struct NonFiniteBits<__half> {
+  static constexpr uint32_t kPair = 0x7C007C00u;
+};
+/// True when either 16-bit half of `w` is +-inf or NaN.
+template <class T>
+__device__ __forceinline__ bool pair_nonfinite(uint32_t w) {
+  return __vcmpeq2(w & NonFiniteBits<T>::kPair, NonFiniteBits<T>::kPair) != 0u;
+}
+/// True when one of the eight 16-bit values of a 16-byte chunk is +-inf or NaN.
+template <class T>
+__device__ __forceinline__ bool chunk_nonfinite(const uint4& c) {
+  return pair_nonfinite<T>(c.x) || pair_nonfinite<T>(c.y) || pair_nonfinite<T>(c.z) || pair_nonfinite<T>(c.w);
+}
+
+}  // namespace flashkv::cuda::attn

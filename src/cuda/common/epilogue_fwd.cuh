@@ -1,0 +1,101 @@
+// Forward epilogue, shared by both kernel families (FA3 epilogue_fwd.hpp): one division per row, the natural-log lse,
+// and coalesced 16-byte stores of O staged through the warp's own Q rows in shared memory (TileQ: the family's Q tile
+// layout, which every warp has finished reading once the last K/V block is done).
+//
+// A row with no visible key (mask rule) stores out = 0 and lse = -inf; every other row is IEEE (OnlineSoftmax::
+// finalize): NaN or +inf scores and non-finite V values of visible keys give non-finite outputs. A row whose O holds a
+// non-finite element (a legitimate one, or 0 * inf from a masked key in a boundary tile's P V) is recomputed exactly
+// by its warp afterwards (common/nonfinite.cuh); rows without non-finite values never take that path.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/block.cuh"
+#include "cuda/common/frag.cuh"
+#include "cuda/common/nonfinite.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/params.hpp"
+
+namespace flashkv::cuda::attn {
+
+/// O fragment of a warp that owns 16 * kMT consecutive rows starting at 16 * kMT * warp, all kDT * 8 columns.
+template <class TileQ, int kMT, int kDT, class T>
+struct EpilogueFwd {
+  /// Rows of the warp whose O held a non-finite element: ballot per (mt, hh), lane 4g + t set for row g.
+  struct Flagged {
+    uint32_t ballot[kMT][2];
+    bool any;  ///< warp-uniform
+  };
+
+  /// Stores the block's out and lse; returns the rows that need recompute_flagged (rare: non-finite inputs).
+  template <class Softmax>
+  __device__ __forceinline__ static Flagged store(const FwdParams& p, const FwdBlock& blk, char* smem, Frag<kMT, kDT> o,
+                                               const Softmax& softmax) {
+    // The barrier matters when no K/V block was visible: other threads' cp.async writes of Q may still be in flight.
+    cp_async_wait<0>();
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp_row0 = warp * 16 * kMT;
+    const int m0 = blk.m0;
+    T* og = blk.out<T>(p);
+    Flagged fl;
+    fl.any = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp_row0 + mt * 16 + g + 8 * hh;
+        const int i = m0 + r;
+        const bool empty = blk.rule.row_first(i) >= blk.rule.row_last(i);  // no visible key
+        float inv, lse;
+        softmax.finalize(mt, hh, p.softmax_scale_log2, empty, inv, lse);
+        bool bad = false;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          bad |= (__float_as_uint(o(mt, dt, hh, 0)) & 0x7F800000u) == 0x7F800000u;
+          bad |= (__float_as_uint(o(mt, dt, hh, 1)) & 0x7F800000u) == 0x7F800000u;
+        }
+        fl.ballot[mt][hh] = __ballot_sync(0xffffffffu, bad);
+        fl.any |= fl.ballot[mt][hh] != 0u;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          const float a = empty ? 0.f : o(mt, dt, hh, 0) * inv, c = empty ? 0.f : o(mt, dt, hh, 1) * inv;
+          *reinterpret_cast<uint32_t*>(smem + TileQ::offset_elem(r, dt * 8 + 2 * t)) = pack2<T>(a, c);
+        }
+        if (p.lse != nullptr && t == 0 && i < blk.si.seqlen_q) {
+          const int64_t row = (p.cu_seqlens_q != nullptr ? blk.si.q_row0 : 0) + i;
+          p.lse[blk.b * p.lse_batch + blk.h * p.lse_head + row * p.lse_row] = lse;
+        }
+      }
+    __syncwarp();
+    constexpr int kChunks = TileQ::kChunks;
+    for (int idx = lane; idx < 16 * kMT * kChunks; idx += 32) {
+      const int r = warp_row0 + idx / kChunks, c = idx % kChunks;
+      if (m0 + r < blk.si.seqlen_q && c * 8 < p.head_dim) {
+        const uint4 val = *reinterpret_cast<const uint4*>(smem + TileQ::offset(r, c));
+        *reinterpret_cast<uint4*>(og + r * p.out_s.row + c * 8) = val;
+      }
+    }
+    return fl;
+  }
+
+  /// The rare path: the flagged rows recomputed exactly by their warp (common/nonfinite.cuh). `blk` is rebuilt by the
+  /// caller after store(), so that nothing of it stays live through the mainloop for this path's sake.
+  __device__ __forceinline__ static void recompute_flagged(const FwdParams& p, const FwdBlock& blk, const Flagged& fl) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_row0 = warp * 16 * kMT;
+    __syncwarp();  // the fast stores come first
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        for (int gg = 0; gg < 8; ++gg) {
+          if (fl.ballot[mt][hh] & (0xFu << (4 * gg))) {
+            recompute_row_exact<T, kDT * 8>(p, blk, warp_row0 + mt * 16 + gg + 8 * hh, lane);
+          }
+        }
+  }
+};
+
+}  // namespace flashkv::cuda::attn

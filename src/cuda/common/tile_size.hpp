@@ -1,0 +1,99 @@
+// The tile tables of the CUDA kernel families, one constexpr function per (kind, arch), read by the kernels'
+// launchers (which turn an entry into a kernel configuration type) and by the host (workspace sizes, path reports), so
+// host and device cannot disagree (FA3's tile_size.h). Plain C++ (no CUDA): host .cpp files include it.
+//
+// Entries were chosen from the sweeps in bench/gpu/tune (H200, bench/results/h200-tune-*.md). A head dim without an
+// entry gets the default rule at the end of each function, so a new head dim is one line in
+// src/cuda/generate_instantiations.py (HEAD_DIMS); a tuned entry is one more line here.
+#pragma once
+
+namespace flashkv::cuda {
+
+/// Forward tile: kBlockM queries x kBlockN keys, warps (sm80) / warpgroups are kBlockM / 64 (sm90).
+struct FwdTile {
+  int block_m, block_n, warps;
+};
+constexpr bool same_tile(FwdTile a, FwdTile b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.warps == b.warps;
+}
+/// The sm80 forward: `main`; `causal` where square tiles win under causal masking (less waste on the diagonal);
+/// `small` when the device cannot give a block main's shared memory (A100: 163 KiB, sm_86/sm_89: 99 KiB, against
+/// 227 KiB on Hopper).
+struct FwdTilesSm80 {
+  FwdTile main, causal, small;
+};
+constexpr FwdTilesSm80 fwd_tiles_sm80(int head_dim) {
+  switch (head_dim) {
+    case 64: return {{128, 128, 4}, {128, 128, 4}, {128, 128, 4}};
+    case 96: return {{128, 64, 4}, {128, 64, 4}, {128, 64, 4}};
+    case 128: return {{128, 64, 4}, {128, 64, 4}, {128, 64, 4}};
+    case 192: return {{128, 64, 8}, {128, 64, 8}, {128, 64, 8}};
+    case 256: return {{128, 128, 8}, {64, 64, 4}, {64, 64, 4}};  // 192 KiB; causal / small 96 KiB
+    default: {
+      const FwdTile t = head_dim <= 128 ? FwdTile{128, 64, 4} : FwdTile{128, 64, 8};
+      return {t, t, t};
+    }
+  }
+}
+/// The sm90 (wgmma) forward: one configuration; head dims without one (available = false) run sm80 everywhere.
+struct FwdTileSm90 {
+  bool available;
+  int block_m, block_n;
+};
+constexpr FwdTileSm90 fwd_tile_sm90(int head_dim) {
+  switch (head_dim) {
+    case 64: return {true, 128, 64};
+    case 128: return {true, 128, 128};
+    case 256: return {true, 128, 64};
+    default: return {head_dim % 64 == 0 && head_dim <= 256, 128, 64};
+  }
+}
+/// The FA1-loop-order forward (progression benchmark): fixed 64 x 64, 4 warps.
+constexpr FwdTile fwd_v1_tile() { return {64, 64, 4}; }
+
+/// sm80 backward: kBlockM, kBlockN, warps, the warp grids (phase 1 key-row warps, phase 2 key-row warps, phase 3
+/// query-row warps) and the dQ column passes (sm80/mainloop_bwd.cuh, BwdConfig).
+struct BwdTile {
+  int block_m, block_n, warps, nw1, nw2, mw3, dq_chunks;
+};
+/// `small`: when the device cannot give a block main's shared memory (hd64: 162 KiB -> 97 KiB, the first release's
+/// tiles, so sm_86/sm_89 keep working; the other head dims need >= 160 KiB either way: A100-class or Hopper).
+struct BwdTilesSm80 {
+  BwdTile main, small;
+};
+constexpr BwdTilesSm80 bwd_tiles_sm80(int head_dim) {
+  switch (head_dim) {
+    case 64: return {{128, 128, 8, 4, 4, 4, 1}, {64, 128, 8, 4, 4, 2, 1}};
+    case 96: return {{64, 128, 8, 4, 4, 4, 1}, {64, 128, 8, 4, 4, 4, 1}};
+    case 128: return {{64, 128, 8, 4, 4, 2, 1}, {64, 128, 8, 4, 4, 2, 1}};
+    case 192: return {{64, 64, 8, 2, 2, 4, 1}, {64, 64, 8, 2, 2, 4, 1}};
+    case 256: return {{64, 64, 8, 2, 2, 2, 1}, {64, 64, 8, 2, 2, 2, 1}};
+    default: {
+      const BwdTile t = head_dim <= 128 ? BwdTile{64, 128, 8, 4, 4, 2, 1} : BwdTile{64, 64, 8, 2, 2, 2, 1};
+      return {t, t};
+    }
+  }
+}
+/// sm90 backward: kBlockM x kBlockN, two warpgroups (sm90/mainloop_bwd.cuh, BwdConfig).
+struct BwdTileSm90 {
+  bool available;
+  int block_m, block_n;
+};
+constexpr BwdTileSm90 bwd_tile_sm90(int head_dim) {
+  switch (head_dim) {
+    case 64: return {true, 128, 128};
+    case 128: return {true, 64, 128};
+    case 256: return {true, 64, 64};
+    default: return {head_dim % 64 == 0 && head_dim <= 256, 64, 64};
+  }
+}
+
+/// Smallest backward kBlockM any configuration of (arch, head_dim) may take: sizes the deterministic mode's
+/// per-(batch, head, query block) turn counters.
+constexpr int bwd_min_block_m(bool sm90, int head_dim) {
+  const BwdTilesSm80 t = bwd_tiles_sm80(head_dim);
+  if (sm90) return bwd_tile_sm90(head_dim).block_m;
+  return t.main.block_m < t.small.block_m ? t.main.block_m : t.small.block_m;
+}
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,48 @@
+// The backward main kernel of every family: Kernel = Mainloop x Epilogue x TileScheduler, as kernel/fwd_kernel.cuh.
+// The scheduler names the (key block, query head, batch) tile, common/block.cuh the sequence bounds and the query
+// blocks that see it, the arch-specific mainloop (sm80/mainloop_bwd.cuh, sm90/mainloop_bwd.cuh) accumulates dK and dV
+// and adds dQ partials, and the shared epilogue (common/bwd_common.cuh) stores dK/dV. The preprocess, dq conversion
+// and GQA reduction around it are the shared driver (common/bwd_driver.cuh).
+//
+// Mainloop contract: kThreads, kBlockM, kBlockN, kCompiled, shared_memory(), Accum (dk()/dv() fragment views),
+// dkdv_key_row0() / dkdv_col0() (where the thread's fragments sit in the block), run(p, blk, smem, acc).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/common/block.cuh"
+#include "cuda/common/bwd_common.cuh"
+#include "cuda/common/bwd_driver.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/scheduler.cuh"
+#include "cuda/params.hpp"
+
+namespace flashkv::cuda {
+
+template <class Mainloop, class T, class Scheduler>
+__global__ void __launch_bounds__(Mainloop::kThreads, 1) bwd_kernel(const BwdParams p) {
+  if constexpr (!Mainloop::kCompiled) {
+    __trap();
+  } else {
+    char* smem = Mainloop::shared_memory();
+    attn::BwdBlock blk = attn::BwdBlock::make<Mainloop::kBlockN>(p, Scheduler::tile());
+    if (!blk.valid()) return;
+    blk.set_query_range<Mainloop::kBlockM, Mainloop::kBlockN>(p);
+    typename Mainloop::Accum acc;
+    Mainloop::run(p, blk, smem, acc);
+    attn::cp_async_wait<0>();
+    const int lane = threadIdx.x % 32;
+    attn::bwd_store_dkdv_frags<T>(p, blk, acc.dk(), acc.dv(), Mainloop::dkdv_key_row0(), Mainloop::dkdv_col0(),
+                                  lane / 4, lane % 4);
+  }
+}
+
+/// Host side: the shared driver (preprocess, this family's main kernel, dq conversion, GQA reduction) for Config.
+template <class Config, class T, template <class, class, bool> class Mainloop>
+void launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  using Sched = attn::BwdSingleTile<Config::kBlockN>;
+  run_bwd_with<Config, T>(p, stream, bwd_kernel<Mainloop<Config, T, false>, T, Sched>,
+                          bwd_kernel<Mainloop<Config, T, true>, T, Sched>);
+}
+
+}  // namespace flashkv::cuda
