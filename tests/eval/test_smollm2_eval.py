@@ -1,21 +1,27 @@
-"""The evaluation tools on the real model (SmolLM2-135M-Instruct, fetched by scripts/setup), at small contexts so that
-CI stays short (the 2k/8k tables are committed benchmarks: bench/engine/run_smollm2.sh, bench/results/smollm2/):
-  - `eval --text GPL-3 --ctx 256`: the tokenization llama.cpp gives this text (7639 tokens, the anchor's count), fp32
-    against itself exactly, bf16 < int8 < int4 in KLD, int4 with a Hadamard rotation better than without;
-  - `eval passkey` at 1k: prompts fit, the fp32 cache retrieves the keys (llama.cpp retrieves them too), JSON and SVG;
+"""The evaluation tools on the real model (SmolLM2-135M-Instruct, fetched by scripts/setup), with the issue-13 targets
+as regression bounds at the contexts CI affords (the 2k/8k tables are committed benchmarks: bench/engine/run_smollm2.sh,
+bench/results/smollm2/README.md):
+  - `eval --text GPL-3 --ctx 512` on the whole text (14 chunks, 3570 scored tokens: exactly the llama.cpp anchor's
+    run, bench/results/llamacpp-smollm2-anchor-2026-12-01.json): the fp32 cache's perplexity within 1% of llama.cpp's
+    f16 cache; int8 (8.5 bits) below llama.cpp q8_0's KLD (8.5 bits); int4_kivi below q4_0's KLD (the committed
+    tables say at which bits); fp32 against itself exactly; bf16 < int8 < int4, the Hadamard rotation helps int4;
+  - `eval passkey` at 1k: the fp32 cache retrieves every key, int2_kivi with a 128-token residual >= 95%, every
+    >= 4-bit format = the fp32 cache's success rate; JSON and SVG written;
   - `demo` on the real model (its default) at a 512-token context: the table with the passkey column.
-Skipped with a message when the model is not installed."""
+Skipped with a message when the model is not installed (CI installs it)."""
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 CLI = os.environ.get("FLASHKV_CLI", "flashkv")
 GPL3 = "/usr/share/common-licenses/GPL-3"
+ANCHOR = Path(__file__).resolve().parents[2] / "bench" / "results" / "llamacpp-smollm2-anchor-2026-12-01.json"
 
 
-def run_cli(*args, timeout=600):
+def run_cli(*args, timeout=900):
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive")))
 
@@ -25,35 +31,55 @@ pytestmark = pytest.mark.skipif(_probe.returncode != 0,
                                 reason="smollm2-135m not installed (scripts/setup fetches it): " + _probe.stderr.strip())
 
 
-def test_eval_text_real_model(tmp_path):
+def anchor_row(kv, text="GPL-3", n_ctx=512):
+    rows = json.loads(ANCHOR.read_text())["quality"]
+    return next(r for r in rows if r["text"] == text and r["n_ctx"] == n_ctx and r["kv"] == kv and r["fa"] == "on")
+
+
+def test_eval_text_real_model_vs_llamacpp(tmp_path):
     out = tmp_path / "q.json"
-    p = run_cli("eval", "--model", "smollm2-135m", "--text", GPL3, "--ctx", "256", "--chunks", "2", "--kv-cache",
-                "fp32", "bf16", "int8", "int4", "int4+hadamard", "--json", str(out), "--no-progress")
+    p = run_cli("eval", "--model", "smollm2-135m", "--text", GPL3, "--ctx", "512", "--kv-cache",
+                "fp32", "bf16", "int8", "int4", "int4+hadamard", "int4_kivi", "--json", str(out), "--no-progress")
     assert p.returncode == 0, p.stderr
+    print(p.stdout)
     j = json.loads(out.read_text())
     assert j["text"]["tokens"] == 7639  # llama.cpp's llama-tokenize count for this file (anchor)
     r = j["results"][0]
-    assert r["chunks"] == 2 and r["scored_tokens"] == 2 * 127
+    f16, q8, q4 = anchor_row("f16"), anchor_row("q8_0"), anchor_row("q4_0")
+    assert r["chunks"] == 14 and r["scored_tokens"] == f16["scored"] == 3570
     k = {x["label"]: x["stats"] for x in r["formats"]}
-    assert k["fp32"]["kld_mean"] == 0.0 and k["fp32"]["same_top1"] == 1.0 and k["fp32"]["ppl"] == r["reference"]["ppl"]
-    assert 0 < k["bf16"]["kld_mean"] < k["int8"]["kld_mean"] < k["int4"]["kld_mean"]
-    assert k["int4 hadamard"]["kld_mean"] < k["int4"]["kld_mean"]
-    assert 5 < r["reference"]["ppl"] < 60  # English prose for a 135M model (llama.cpp: 18.4 at n_ctx 512)
     bits = {x["label"]: x["effective_bits"] for x in r["formats"]}
-    assert bits["int8"] == 8.5 and bits["int4"] == 4.5 and bits["bf16"] == 16.0
+    assert k["fp32"]["kld_mean"] == 0.0 and k["fp32"]["same_top1"] == 1.0 and k["fp32"]["ppl"] == r["reference"]["ppl"]
+    # target: the fp32 cache's perplexity within 1% of llama.cpp's f16 cache on the same text and context
+    # (measured: 18.3001 vs 18.3914, -0.50%)
+    assert abs(r["reference"]["ppl"] / f16["ppl"] - 1) <= 0.01, (r["reference"]["ppl"], f16["ppl"])
+    # target: int8 KLD below llama.cpp q8_0's at equal bits (8.5 = 8 + a 16-bit scale per 32; measured 6.6e-4 vs 4.5e-3)
+    assert bits["int8"] == 8.5 and k["int8"]["kld_mean"] < q8["kld_mean"]
+    assert k["int8"]["same_top1"] > q8["same_top1"]
+    # KIVI below q4_0's KLD (measured 0.020 vs 0.073; at 512 cached tokens its bf16 window costs 1.5 bits, at 8k 0.6)
+    assert k["int4_kivi"]["kld_mean"] < q4["kld_mean"]
+    # orderings and regression bounds (measured: bf16 5.8e-5, int4 0.169, int4 hadamard 0.0816)
+    assert 0 < k["bf16"]["kld_mean"] < 1e-3 and k["bf16"]["kld_mean"] < k["int8"]["kld_mean"] < k["int4"]["kld_mean"]
+    assert k["int4 hadamard"]["kld_mean"] < min(0.1, k["int4"]["kld_mean"])
+    assert bits["int4"] == 4.5 and bits["bf16"] == 16.0
 
 
 def test_eval_passkey_real_model(tmp_path):
     out, svg = tmp_path / "p.json", tmp_path / "svg"
-    p = run_cli("eval", "passkey", "--model", "smollm2-135m", "--contexts", "1k", "--depths", "20,80", "--keys", "1",
-                "--kv-cache", "int8", "--heatmap-dir", str(svg), "--json", str(out), "--no-progress")
+    p = run_cli("eval", "passkey", "--model", "smollm2-135m", "--contexts", "1k", "--depths", "10,50,90", "--keys", "1",
+                "--kv-cache", "int8", "int4_kivi", "int2_kivi+r128", "--heatmap-dir", str(svg), "--json", str(out),
+                "--no-progress")
     assert p.returncode == 0, p.stderr
+    print(p.stdout)
     j = json.loads(out.read_text())["passkey"]
-    fp32, int8 = j["formats"]
-    assert fp32["label"] == "fp32" and int8["label"] == "int8"
-    for t in fp32["trials"]:
+    f = {x["label"]: x for x in j["formats"]}
+    assert [x["label"] for x in j["formats"]] == ["fp32", "int8", "int4_kivi", "int2_kivi r128"]
+    for t in f["fp32"]["trials"]:
         assert 1024 - 12 - 40 <= t["prompt_tokens"] <= 1024 - 12
         assert t["success"], t  # the fp32 cache retrieves the key at 1k (llama.cpp's f16 cache does too)
+    # targets: every >= 4-bit format = the fp32 cache's success rate; int2_kivi with a 128-token residual >= 95%
+    assert f["int8"]["success_rate"] == f["int4_kivi"]["success_rate"] == f["fp32"]["success_rate"] == 1.0
+    assert f["int2_kivi r128"]["success_rate"] >= 0.95
     assert (svg / "passkey-int8.svg").read_text().startswith("<svg")
     assert "| int8" in p.stdout
 
