@@ -5,7 +5,7 @@
 # llama.cpp: the source vendored in the PyPI sdist llama-cpp-python==0.3.36 (commit 0c1e57098), built outside this
 # repository as ../shared/anchors/2026-12-01-llamacpp-smollm2.md describes. Usage:
 #   LLAMA_BENCH=/work/llamacpp/.../build/bin/llama-bench bench/engine/run_llamabench.sh > bench/results/smollm2/llama-bench.json
-# TYPES_2K / TYPES_8K (default "f16 q8_0 q4_0" / "f16": llama.cpp's quantized-KV flash attention fills 7.5k tokens at
+# TYPES_2K / TYPES_8K (default "f16 q8_0 q4_0" / "f16"; empty = none: llama.cpp's quantized-KV flash attention fills 7.5k tokens at
 # ~20-40 tok/s on 2 cores, 4+ minutes per invocation) and REPS (default 1) trade coverage for time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ echo "["
 first=1
 for ctx in 2048 8192; do
   d=$((ctx - 640))
-  if ((ctx == 2048)); then types=${TYPES_2K:-f16 q8_0 q4_0}; else types=${TYPES_8K:-f16}; fi
+  if ((ctx == 2048)); then types=${TYPES_2K-f16 q8_0 q4_0}; else types=${TYPES_8K-f16}; fi
   for t in $types; do
     for test in tg pp; do
       if [[ $test == tg ]]; then args=(-p 0 -n 128 -d $d); else args=(-p 512 -n 0 -d $((d + 128))); fi

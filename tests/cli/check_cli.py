@@ -158,7 +158,7 @@ def check_docs(binary):
     engine_cmds = ("demo", "generate", "eval", "convert", "chat", "bench engine")
     readme = [c for c in documented_commands(REPO / "README.md")
               if c.split(" ", 1)[1].startswith(engine_cmds) and not c.split(" ", 1)[1].startswith("eval kv")]
-    cmds = readme + documented_commands(REPO / "docs" / "engine.md")
+    cmds = list(dict.fromkeys(readme + documented_commands(REPO / "docs" / "engine.md")))  # each command once
     expect(len(cmds) >= 8, f"found the documented commands ({len(cmds)})")
     subst = {"M.bin": str(MODELS / "aidreams260K.bin"), "T.bin": str(MODELS / "aidreams260K.tok512.bin"),
              "../shared/models": str(MODELS)}
