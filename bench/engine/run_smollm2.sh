@@ -47,17 +47,21 @@ for w in "${what[@]}"; do
       fi
       ;;
     speed)
-      $F bench engine --model smollm2-135m --kv-cache ${SPEED_FORMATS:-fp32 int8 int4_kivi int2_kivi+r128} \
-        --contexts 2k,8k --repeats ${SPEED_REPEATS:-1} --json $OUT/speed.json | tee $OUT/speed.txt
+      for c in ${SPEED_CONTEXTS:-2k 8k}; do
+        $F bench engine --model smollm2-135m --kv-cache ${SPEED_FORMATS:-fp32 int8 int4_kivi int2_kivi+r128} \
+          --contexts $c --repeats ${SPEED_REPEATS:-1} --json $OUT/speed-$c.json | tee $OUT/speed-$c.txt
+      done
       ;;
     report)
       pk=()
       for x in passkey-8k passkey-2k passkey; do [[ -s $OUT/$x.json ]] && pk+=($OUT/$x.json); done
+      sp=()
+      for x in speed speed-2k speed-8k; do [[ -s $OUT/$x.json ]] && sp+=($OUT/$x.json); done
       lb=()
       [[ -s $OUT/llama-bench.json ]] && lb=(--llama-bench $OUT/llama-bench.json)
       python3 bench/engine/report_smollm2.py --anchor bench/results/llamacpp-smollm2-anchor-2026-12-01.json \
         --quality GPL-3=$OUT/quality-gpl3.json rustbook=$OUT/quality-rustbook.json --passkey "${pk[@]}" \
-        --speed $OUT/speed.json "${lb[@]}" --notes $OUT/notes.md > $OUT/README.md
+        --speed "${sp[@]}" "${lb[@]}" --notes $OUT/notes.md > $OUT/README.md
       ;;
     *) echo "unknown part '$w' (quality | passkey | speed | report)" >&2; exit 2 ;;
   esac
