@@ -8,8 +8,8 @@ previous flashkv release, all measured in the same run on the same GPU. One comm
 --prev-library: the previous release's library (e.g. commit 88b7f60 built with head dims 64;128;256, bf16) is timed in
 a subprocess through its own C ABI (ctypes; the old library predates this package's kernel families, so its sm80
 column uses its FLASHKV_CUDA_SM80_ONLY switch) on the same shapes; its numbers go into the same tables ("prev").
-The flashkv sm80 column runs flashkv.attention(kernel="sm80"); every flashkv row records flashkv.last_kernel_path(),
-listed under the tables as footnotes.
+The flashkv sm80 / sm90 / sm90ws columns run flashkv.attention(kernel=...) with that family (sm90/sm90ws: forward
+only, Hopper); every flashkv row records flashkv.last_kernel_path(), listed under the tables as footnotes.
 
 Sections (FA3-paper conventions, docs/engineering.md):
   prefill  16k tokens per batch, hidden 2048 (heads = 2048 / head_dim), head dims 64/128/256, seqlen 512..16k,
@@ -117,6 +117,10 @@ class PrevLib:
 
 
 PREV = None  # PrevLib in the --prev-worker process
+try:  # FlashAttention-3's forward (PyPI wheel fa3-fwd==0.0.3; scripts/gpu-run installs it from .whl/ when carried)
+    import fa3_fwd_interface as FA3
+except Exception:  # noqa: BLE001 — the column is then "-"
+    FA3 = None
 
 
 class Sm80OnlyPrev:
@@ -214,6 +218,11 @@ def prefill(dims, seqlens, modes, check):
                     elif mode == "fwd":
                         fns["flashkv"] = lambda: fk_forward(qd, kd, vd, causal)
                         fns["flashkv_sm80"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm80")
+                        # The two Hopper forward families side by side (an UnsupportedError row elsewhere).
+                        fns["flashkv_sm90"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm90")
+                        fns["flashkv_sm90ws"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm90ws")
+                        if FA3 is not None:
+                            fns["fa3"] = lambda: FA3.flash_attn_func(qd, kd, vd, causal=causal)
                     else:
                         def fk_fb(det, kernel="auto"):
                             out, lse = fk_forward(qd, kd, vd, causal, kernel=kernel)
@@ -323,7 +332,8 @@ def progression(configs):
         fns = {"naive (torch, S/P materialized)": naive,
                "v1 order (flashkv)": lambda: fk_forward(q, k, v, causal, "v1"),
                "v2 (flashkv sm80, mma.sync)": lambda: fk_forward(q, k, v, causal, kernel="sm80"),
-               "v3-class (flashkv sm90, wgmma)": lambda: fk_forward(q, k, v, causal)}
+               "v3-class (flashkv sm90, wgmma)": lambda: fk_forward(q, k, v, causal, kernel="sm90"),
+               "v3 (flashkv sm90ws, TMA + warp specialization)": lambda: fk_forward(q, k, v, causal, kernel="sm90ws")}
         for name, fn in fns.items():
             try:
                 ms = bench(fn, rep=50)
@@ -357,11 +367,15 @@ class Paths:
         return [f"[{n}] `{p}`" for p, n in sorted(self.ids.items(), key=lambda x: x[1])]
 
 
+FLASHKV_ROWS = ("flashkv", "flashkv_det", "flashkv_sm80", "flashkv_sm90", "flashkv_sm90ws")
+
+
 def prefill_table(rows, paths):
     get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r for r in rows if "mode" in r}
-    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | prev | prev sm80 | SDPA flash | "
-             "cuDNN | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | flashkv/cuDNN | paths |",
-             "|" + "---|" * 18]
+    lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | flashkv sm90 | flashkv sm90ws | prev | "
+             "prev sm80 | SDPA flash | cuDNN | FA3 | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | "
+             "flashkv/cuDNN | flashkv/FA3 | flashkv/max(FA3,cuDNN) | sm90ws/sm90 | paths |",
+             "|" + "---|" * 24]
     keys = sorted({(r["mode"], r["d"], r["s"], r["causal"]) for r in rows if "mode" in r and r["backend"] != "check"})
     for mode, d, s, c in keys:
         row = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
@@ -369,10 +383,13 @@ def prefill_table(rows, paths):
         fk, fl, cu, sm, pv, ps = f("flashkv"), f("flash"), f("cudnn"), f("flashkv_sm80"), f("prev"), f("prev_sm80")
         fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        s90, s90ws = f("flashkv_sm90"), f("flashkv_sm90ws")
         lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | {fmt(sm)} | "
-                     f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('mem_eff'))} | {ratio(fk, pv)} | "
-                     f"{ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | "
-                     f"{paths.ref(row('flashkv'), row('flashkv_det'), row('flashkv_sm80'))} |")
+                     f"{fmt(s90)} | {fmt(s90ws)} | "
+                     f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('fa3'))} | {fmt(f('mem_eff'))} | "
+                     f"{ratio(fk, pv)} | {ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | "
+                     f"{ratio(fk, f('fa3'))} | {ratio(fk, max(f('fa3') or 0, cu or 0))} | {ratio(s90ws, s90)} | "
+                     f"{paths.ref(*(row(b) for b in FLASHKV_ROWS))} |")
     return "\n".join(lines)
 
 
@@ -450,8 +467,10 @@ def main():
     with open(os.path.join(a.out, f"h200-attention-{stamp}.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = [f"# flashkv CUDA vs PyTorch SDPA on {meta['gpu']} — {meta['date']}",
-          "flashkv: default dispatch (kernel=\"auto\": sm90 wgmma kernels on Hopper for head dims 64/128/256); "
-          "flashkv sm80: kernel=\"sm80\" (mma.sync, FA2-class); flashkv det: deterministic backward; prev / prev "
+          "flashkv: default dispatch (kernel=\"auto\": on Hopper for head dims 64/128/256 the sm90ws forward where "
+          "measured faster, else the sm90 kernels; docs/gpu.md); flashkv sm80 / sm90 / sm90ws: kernel=\"sm80\" "
+          "(mma.sync, FA2-class) / \"sm90\" (wgmma, cp.async) / \"sm90ws\" (TMA + wgmma, warp-specialized, "
+          "forward only); flashkv det: deterministic backward; prev / prev "
           "sm80: the previous release " + (f"(`{a.prev_library}`, its sm80 kernels through FLASHKV_CUDA_SM80_ONLY=1)"
                                            if a.prev_library else "(not measured: no --prev-library)") +
           ", same run. Paths: flashkv.last_kernel_path() of the rows, footnotes below each table.",

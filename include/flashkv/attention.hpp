@@ -86,18 +86,25 @@ enum class Algorithm : int32_t {
 const char* algorithm_name(Algorithm a);  ///< "tiled" | "v1" | "naive"
 
 /// Which CUDA kernel family runs a call on a CUDA device (docs/gpu.md). The family is decided once per call, from the
-/// device and the build: `automatic` takes the sm90 (Hopper wgmma) kernels on a compute-capability-9.0 GPU when this
-/// build carries their sm_90a code and the head dim has one, else the sm80 (mma.sync, FA2-class) kernels; the
-/// environment variable FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean
-/// sm80. `sm80` / `sm90` ask for one family: a family the GPU or the build cannot run for this call (sm90 on a
-/// non-Hopper GPU, in a build without sm_90a code, or for a head dim it has no kernel for; v1_order, which exists only
-/// as sm80) is an UnsupportedError naming it, never a silent fallback. CPU tensors accept only `automatic`.
+/// device, the build and the call's shape: on a compute-capability-9.0 GPU, when this build carries sm_90a code and the
+/// head dim has a Hopper kernel, `automatic` takes for a forward the sm90ws kernel (TMA + wgmma, warp-specialized,
+/// FlashAttention-3 §3.1-3.2) where the H200 measured it faster than sm90 (fixed-length calls without softcap with
+/// seqlen_k >= 2048, or head_dim 256, or head_dim 128 without a causal/window mask; docs/gpu.md "Which kernel
+/// runs"), else the sm90 kernel (wgmma with
+/// cp.async; also every backward); on other GPUs the sm80 (mma.sync, FA2-class) kernels. The environment variable
+/// FLASHKV_CUDA_SM80_ONLY (anything but "" or "0", read once per process) makes `automatic` mean sm80. `sm80` / `sm90`
+/// / `sm90ws` ask for one family: a family the GPU or the build cannot run for this call (sm90/sm90ws on a non-Hopper
+/// GPU, in a build without sm_90a code, or for a head dim it has no kernel for; v1_order, which exists only as sm80;
+/// a backward with sm90ws, which is forward-only) is an UnsupportedError naming it, never a silent fallback. A head dim
+/// without a kernel of its own runs zero-padded on the family's next larger one (the path report says so). CPU
+/// tensors accept only `automatic`.
 enum class KernelFamily : int32_t {
   automatic = 0,  ///< "auto"
   sm80 = 1,       ///< "sm80": mma.sync + ldmatrix + cp.async (Ampere and later)
-  sm90 = 2,       ///< "sm90": wgmma (Hopper, sm_90a)
+  sm90 = 2,       ///< "sm90": wgmma with cp.async loads (Hopper, sm_90a)
+  sm90ws = 3,     ///< "sm90ws": TMA + wgmma, producer/consumer warpgroups, pingpong (Hopper, sm_90a; forward only)
 };
-const char* kernel_family_name(KernelFamily f);  ///< "auto" | "sm80" | "sm90"
+const char* kernel_family_name(KernelFamily f);  ///< "auto" | "sm80" | "sm90" | "sm90ws"
 
 struct AttentionOptions {
   std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim)

@@ -60,9 +60,15 @@ typedef enum { FLASHKV_DEVICE_CPU = 0, FLASHKV_DEVICE_CUDA = 1 } flashkv_device;
 typedef enum { FLASHKV_ALGO_TILED = 0, FLASHKV_ALGO_V1_ORDER = 1, FLASHKV_ALGO_NAIVE = 2 } flashkv_algorithm;
 
 /* Which CUDA kernel family runs a call (flashkv::KernelFamily, flashkv/attention.hpp): AUTO picks from the device
- * (sm90 on Hopper builds with sm_90a code, else sm80; FLASHKV_CUDA_SM80_ONLY=1 makes AUTO mean sm80); SM80 / SM90
- * ask for one family and fail with FLASHKV_ERROR_UNSUPPORTED when the GPU or build cannot run it. */
-typedef enum { FLASHKV_KERNEL_AUTO = 0, FLASHKV_KERNEL_SM80 = 1, FLASHKV_KERNEL_SM90 = 2 } flashkv_kernel_family;
+ * and the call (on Hopper builds with sm_90a code: SM90WS for the forwards where it was measured faster, else SM90;
+ * elsewhere SM80; FLASHKV_CUDA_SM80_ONLY=1 makes AUTO mean sm80); SM80 / SM90 / SM90WS ask for one family and fail
+ * with FLASHKV_ERROR_UNSUPPORTED when the GPU or build cannot run it (SM90WS: TMA warp-specialized, forward only). */
+typedef enum {
+  FLASHKV_KERNEL_AUTO = 0,
+  FLASHKV_KERNEL_SM80 = 1,
+  FLASHKV_KERNEL_SM90 = 2,
+  FLASHKV_KERNEL_SM90WS = 3
+} flashkv_kernel_family;
 
 typedef struct {
   void* data;

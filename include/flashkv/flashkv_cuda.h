@@ -1,11 +1,18 @@
-/* flashkv_cuda.h — C ABI of the CUDA-only entry points (split-KV paged decode). Part of libflashkv.so; in a build
- * without the CUDA backend every function returns FLASHKV_ERROR_UNSUPPORTED.
+/* flashkv_cuda.h — C ABI of split-KV paged decode over 16-bit cache tensors (flash_attn_with_kvcache style).
+ * Part of libflashkv.so.
  *
- * flashkv_cuda_decode: see src/cuda/decode_cuda.hpp (shapes, semantics, errors). All tensors are CUDA tensors:
+ * flashkv_cuda_decode = flashkv::paged_decode (include/flashkv/decode.hpp: shapes, semantics, errors). Despite the
+ * name the tensors' device decides: CUDA tensors run the CUDA kernels (FLASHKV_ERROR_UNSUPPORTED in a build without
+ * the CUDA backend), CPU tensors the CPU decode.
  *   q [batch, seqlen_q, num_heads, head_dim]; k_cache/v_cache [num_pages, page_size, num_heads_kv, head_dim] with
  *   page_table [batch, max_pages] int32 (or [batch, capacity, num_heads_kv, head_dim] with page_table NULL);
  *   cache_seqlens [batch] int32; k_new/v_new NULL or [batch, seqlen_q, num_heads_kv, head_dim] (appended first);
  *   out [batch, seqlen_q, num_heads, head_dim]; lse NULL or [batch, num_heads, seqlen_q] float32.
+ * Lengths past the capacity (cache_seqlens[b] + seqlen_q of appended tokens > max_pages * page_size) return
+ * FLASHKV_ERROR_CAPACITY before anything is written or launched; the message names the sequence, the lengths and the
+ * capacity. On CUDA that check reads cache_seqlens back (one small synchronous copy) unless max_seqlen_k > 0 promises
+ * a bound (then max_seqlen_k + seqlen_q <= capacity is checked, and a sequence breaking the promise gets NaN output
+ * and no append).
  */
 #ifndef FLASHKV_CUDA_H_
 #define FLASHKV_CUDA_H_
@@ -22,9 +29,12 @@ typedef struct {
   float softmax_scale;
   int32_t causal;            /* bottom-right aligned over the seqlen_q new tokens (default 1) */
   float softcap;             /* 0 = off */
-  int32_t num_splits;        /* 0 = heuristic, 1 = no split */
-  int64_t max_seqlen_k;      /* 0 = page-table capacity (heuristic input only) */
+  int32_t num_splits;        /* 0 = heuristic, 1 = no split, <= 1024 */
+  int64_t max_seqlen_k;      /* 0 = none; > 0: promised bound of cache_seqlens (see above; also sizes num_splits) */
   void* stream;              /* cudaStream_t */
+  /* fields added later (honoured when struct_size covers them) */
+  int32_t window_size_left;  /* -1 = unbounded (default); keys j >= position - window_size_left only */
+  int32_t num_threads;       /* CPU tensors: 0 = OpenMP default */
 } flashkv_decode_options;
 
 FLASHKV_API flashkv_status flashkv_decode_options_default(flashkv_decode_options* opts);

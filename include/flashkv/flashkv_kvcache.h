@@ -1,9 +1,13 @@
 /* flashkv_kvcache.h — C ABI of the quantized paged KV cache (C++: include/flashkv/kvcache.hpp, which documents the
- * formats, the kv_cache_dtype grammar, windows, rotation and the memory formula in full).
+ * formats, the kv_cache_dtype grammar, windows, rotation, devices and the memory formula in full; attention:
+ * include/flashkv/decode.hpp).
  *
  * Conventions as flashkv.h: every function returns flashkv_status and sets flashkv_last_error() on failure; structs
- * start with struct_size; tensors are flashkv_tensor views (CPU only here). A rejected call leaves the cache exactly
- * as it was (FLASHKV_ERROR_CAPACITY when the page pool is full).
+ * start with struct_size; tensors are flashkv_tensor views. A cache lives in host memory (device = FLASHKV_DEVICE_CPU,
+ * the default) or on a CUDA device (FLASHKV_DEVICE_CUDA; a build with the CUDA backend); its tensors are on its
+ * device (appends also take host tensors). A rejected call leaves the cache exactly as it was
+ * (FLASHKV_ERROR_CAPACITY when a fixed-size page pool is full; with capacity_pages = capacity_bytes = 0, the default,
+ * the pool grows on demand).
  *
  * Typical use (decode step of one layer):
  *   flashkv_kv_cache_config cfg; flashkv_kv_cache_config_default(&cfg);
@@ -42,8 +46,11 @@ typedef struct {
   int32_t num_k_scales;
   const float* v_scales;
   int32_t num_v_scales;
-  int64_t capacity_pages;      /* exactly one of capacity_pages / capacity_bytes > 0 */
+  int64_t capacity_pages;      /* at most one of capacity_pages / capacity_bytes > 0; both 0: grows on demand */
   int64_t capacity_bytes;
+  /* fields added later (honoured when struct_size covers them) */
+  int32_t device;              /* flashkv_device of the pages (default FLASHKV_DEVICE_CPU) */
+  int32_t device_index;
 } flashkv_kv_cache_config;
 
 typedef struct {
@@ -66,13 +73,17 @@ typedef struct {
   double bits_per_element, ratio_vs_bf16;
 } flashkv_kv_memory_report;
 
-/** Defaults: 1 layer, 1 kv head, head_dim 128, "bf16", page 16, no windows, no rotation, capacity 0 (must be set). */
+/** Defaults: 1 layer, 1 kv head, head_dim 128, "bf16", page 16, no windows, no rotation, a growing pool, host memory. */
 FLASHKV_API flashkv_status flashkv_kv_cache_config_default(flashkv_kv_cache_config* cfg);
 FLASHKV_API flashkv_status flashkv_kv_attention_options_default(flashkv_kv_attention_options* opts);
 
 FLASHKV_API flashkv_status flashkv_kv_cache_create(const flashkv_kv_cache_config* cfg, flashkv_kv_cache** out);
 /** NULL is allowed (no-op). */
 FLASHKV_API flashkv_status flashkv_kv_cache_free(flashkv_kv_cache* cache);
+
+/** A copy of `cache` (sequences, pages, windows: the same bytes) in the memory of `device` / `device_index`. */
+FLASHKV_API flashkv_status flashkv_kv_cache_to(const flashkv_kv_cache* cache, int32_t device, int32_t device_index,
+                                               flashkv_kv_cache** out);
 
 FLASHKV_API flashkv_status flashkv_kv_cache_add_sequence(flashkv_kv_cache* cache, int64_t seq_id);
 FLASHKV_API flashkv_status flashkv_kv_cache_remove_sequence(flashkv_kv_cache* cache, int64_t seq_id);

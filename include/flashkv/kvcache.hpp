@@ -1,4 +1,4 @@
-// flashkv/kvcache.hpp — quantized paged KV cache (CPU reference implementation).
+// flashkv/kvcache.hpp — quantized paged KV cache (host or device memory; attention in flashkv/decode.hpp).
 //
 // WHAT IT IS
 //   A paged KV cache (vLLM-style pages of `page_size` tokens, one page table per sequence, a free-list page pool) whose
@@ -6,7 +6,10 @@
 //   KIVI int4/int2 arrangement — quantized on write (`append`) and read directly from the packed pages by `attention`
 //   (tile by tile: a page tile is decoded into a small float buffer and consumed by an online softmax; split-KV over the
 //   context with an lse merge as in flash-decoding, Dao et al. 2023). The whole cache is never dequantized into a
-//   temporary. This CPU code is the reference the CUDA kernels must match code for code.
+//   temporary. The cache can live in host memory (KVCacheConfig::device = cpu, the default) or in CUDA device memory
+//   (device = cuda): the same page layout and bytes either way (src/kvcache/page_layout.hpp), and to() copies a cache
+//   between them, so a cache filled on one device decodes on the other. The CPU code is the reference the CUDA
+//   kernels must match code for code.
 //
 // FORMAT STRINGS (kv_cache_dtype; parse_kv_cache_dtype). Grammar, case-sensitive, no spaces:
 //   kv_cache_dtype := format                      same format for K and V        e.g. "int8", "int4_kivi"
@@ -62,6 +65,18 @@
 //   memory_report() splits the bytes into codes / metadata / residual (incl. sinks) / page slack exactly;
 //   `flashkv kv-mem` evaluates the same formula (kv_memory_estimate()).
 //
+// DEVICE CACHES (device = cuda): append() takes k / v on the host (quantized on the host, every format) or, for a
+//   bf16 / fp16 cache without windows or rotation, CUDA tensors of the cache's dtype (written by a CUDA kernel on the
+//   default stream). attention() runs the CUDA split-KV decode (flashkv/decode.hpp) for bf16 / fp16 caches without
+//   windows or rotation; other formats on the device are the CUDA quantized decode of issue #12 and raise
+//   UnsupportedError naming the format (to(Device::cpu) decodes them on the host). dequantize() of a device cache reads
+//   it back to the host. A device cache needs a library built with the CUDA backend (UnsupportedError otherwise).
+//
+// NON-FINITE VALUES: append() rejects non-finite k / v (Error naming the element). In attention(), a NaN in q, or a
+//   NaN / ±inf score against a visible key, makes that query row's out NaN and its lse NaN; only a row with no
+//   visible key gets out = 0 and lse = −inf. Page slots past a sequence's length are never read, whatever they hold
+//   (flashkv/attention.hpp states the same contract for dense attention).
+//
 // THREADING: a PagedKVCache is not thread-safe for concurrent mutation; attention() may run concurrently with other
 //   attention() calls. attention() uses OpenMP over (sequence, kv-head, split).
 #pragma once
@@ -74,12 +89,14 @@
 #include <utility>
 #include <vector>
 
+#include "flashkv/decode.hpp"
 #include "flashkv/error.hpp"
 #include "flashkv/types.hpp"
 
 namespace flashkv {
 
-/// Storage format of one cache half. Values are part of the C ABI (FLASHKV_KV_FORMAT_*): never renumber.
+/// Storage format of one cache half. Values are stable (kv::KVFormatId of src/kvcache/format/traits.hpp mirrors them):
+/// never renumber.
 enum class KVFormat : int32_t {
   fp32 = 0,
   bf16 = 1,
@@ -135,9 +152,13 @@ struct KVCacheConfig {
   /// kv-head. Must be finite and > 0. Ignored by other formats.
   std::vector<float> k_scales{};
   std::vector<float> v_scales{};
-  /// Pool size: exactly one of the two must be > 0. capacity_bytes is rounded down to whole pages.
+  /// Pool size: at most one of the two > 0 (capacity_bytes is rounded down to whole pages). Both 0 (the default): the
+  /// pool starts at 16 pages and doubles whenever an append needs more (CapacityError only when memory runs out).
   int64_t capacity_pages = 0;
   int64_t capacity_bytes = 0;
+  /// Where the pages live: Device::cpu (host memory) or Device::cuda (device device_index, needs the CUDA backend).
+  Device device = Device::cpu;
+  int32_t device_index = 0;
 
   /// Sets k_format / v_format from a kv_cache_dtype string.
   KVCacheConfig& with_kv_cache_dtype(const std::string& kv_cache_dtype);
@@ -183,15 +204,8 @@ struct KVMemoryReport {
 /// `tokens` tokens in every layer (tested). capacity fields of `config` are ignored.
 KVMemoryReport kv_memory_estimate(const KVCacheConfig& config, int64_t batch, int64_t tokens);
 
-/// Options of PagedKVCache::attention. Mask semantics as attention.hpp (bottom-right aligned).
-struct KVAttentionOptions {
-  std::optional<float> softmax_scale;  ///< default 1/sqrt(head_dim); finite, > 0
-  bool causal = true;                  ///< query i of n_q sits at position seq_len − n_q + i
-  int32_t window_size_left = -1;       ///< −1 = unbounded; else keys j >= pos − window_size_left only
-  float softcap = 0.0f;                ///< 0 = off; score ← softcap·tanh(score/softcap)
-  int32_t num_splits = 0;              ///< split-KV chunks per (sequence, kv-head); 0 = auto; 1..1024
-  int32_t num_threads = 0;             ///< 0 = OpenMP default
-};
+/// Options of PagedKVCache::attention: flashkv::DecodeOptions (flashkv/decode.hpp; max_seqlen_k / stream unused).
+using KVAttentionOptions = DecodeOptions;
 
 /// A quantized paged KV cache. See the file comment for formats, windows, rotation, memory and threading.
 class PagedKVCache {
@@ -205,6 +219,10 @@ class PagedKVCache {
   PagedKVCache& operator=(PagedKVCache&&) noexcept;
 
   const KVCacheConfig& config() const;
+  /// Where the pages live (config().device).
+  Device device() const;
+  /// A copy of this cache (config, sequences, pages, windows: the same bytes) in the memory of `device`.
+  PagedKVCache to(Device device, int32_t device_index = 0) const;
 
   /// Registers an empty sequence. seq_id >= 0 and not present (Error 'seq_id' otherwise). Allocates its bf16
   /// sink/residual buffers (no pages).
@@ -215,24 +233,27 @@ class PagedKVCache {
   std::vector<int64_t> sequence_ids() const;  ///< ascending
 
   /// Appends n_tokens tokens of one layer: k, v [n_tokens, num_heads_kv, head_dim] float32/float16/bfloat16 (same
-  /// dtype; last dim contiguous; any other strides), n_tokens >= 0. Quantize-on-write; appending N tokens at once gives
-  /// the same contents as N single appends.
+  /// dtype; last dim contiguous; any other strides), n_tokens >= 0, in host memory (any cache) or CUDA memory (a CUDA
+  /// bf16 / fp16 cache without windows or rotation, k / v of the cache's dtype; see DEVICE CACHES). Quantize-on-write;
+  /// appending N tokens at once gives the same contents as N single appends.
   /// Errors (cache unchanged after any of them): Error 'seq_id' (unknown), 'layer' (out of range), 'k'/'v' (shape,
-  /// device, non-finite values), TypeError (dtype); CapacityError when the pool lacks the pages this append needs.
+  /// non-finite values of host tensors), TypeError (dtype, device); CapacityError when a fixed-size pool lacks the
+  /// pages this append needs (naming the pages needed and free) or memory for a growing pool runs out.
   void append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v);
 
   /// Tokens cached for `seq_id` in `layer`. Error for unknown sequence / layer.
   int64_t seq_len(int64_t seq_id, int32_t layer = 0) const;
 
   /// Attention of query tokens against the cache of `layer` for several sequences (decode: 1 token each; chunked
-  /// prefill / speculative: several).
+  /// prefill / speculative: several). = plan_decode + run_decode (flashkv/decode.hpp), which an engine uses to plan
+  /// once per step and run every layer; q / out / lse live on the cache's device.
   ///   seq_ids       [batch] sequences (distinct not required)
   ///   cu_seqlens_q  [batch + 1] int32 prefix sums of query tokens per sequence (cu[0] = 0, non-decreasing)
   ///   q             [total_q, num_heads, head_dim] float32/float16/bfloat16, num_heads % num_heads_kv == 0 (GQA:
   ///                 head h reads kv head h / (num_heads / num_heads_kv)), last dim contiguous
   ///   out           [total_q, num_heads, head_dim] same dtype as q (overwritten)
   ///   lse           optional [num_heads, total_q] float32, natural log; −inf (and out = 0) for rows with no
-  ///                 visible key
+  ///                 visible key, NaN for rows whose visible scores include a NaN / ±inf
   /// The query of sequence b, token i (0-based of n_q_b) sits at position seq_len − n_q_b + i; with causal it sees
   /// keys j <= that position (bottom-right aligned, flash-attn >= 2.1), with window_size_left = W only j >= pos − W.
   /// Computed from the packed pages tile by tile (split-KV + lse merge; Dao et al., "Flash-Decoding", 2023).
@@ -256,6 +277,11 @@ class PagedKVCache {
   struct Impl;
 
  private:
+  friend DecodePlan plan_decode(const PagedKVCache&, std::span<const int64_t>, std::span<const int32_t>, int64_t,
+                                int32_t, const DecodeOptions&);
+  friend void run_decode(const PagedKVCache&, DecodePlan&, int32_t, const TensorView&, const TensorView&,
+                         const TensorView*);
+  explicit PagedKVCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

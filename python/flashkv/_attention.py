@@ -145,7 +145,7 @@ def _prepare(
 
 
 def _set_kernel(o: L.AttentionOptions, kernel: str) -> L.AttentionOptions:
-    """kernel = "auto" | "sm80" | "sm90": the CUDA kernel family (flashkv::KernelFamily; docs/gpu.md)."""
+    """kernel = "auto" | "sm80" | "sm90" | "sm90ws": the CUDA kernel family (flashkv::KernelFamily; docs/gpu.md)."""
     if not isinstance(kernel, str) or kernel not in L.KERNEL_FAMILIES:
         raise ValueError(f"flashkv: argument 'kernel': expected one of {', '.join(L.KERNEL_FAMILIES)}, got {kernel!r}")
     if kernel != "auto" and o.struct_size < type(o).kernel_family.offset + ctypes.sizeof(ctypes.c_int32):
@@ -265,8 +265,11 @@ def attention(
         algorithm: "tiled" (FA2 order, default), "v1" (FA1 2022 loop order) or "naive" (materializes S and P).
         dtype: None, or "bfloat16" to read uint16 arrays as bfloat16 bit patterns (outputs are uint16 then).
         num_threads: CPU threads, 0 = OpenMP default.
-        kernel: CUDA kernel family: "auto" (default: sm90 on Hopper where compiled, else sm80), "sm80" or "sm90";
-            a family the GPU or build cannot run raises flashkv.UnsupportedError. CPU tensors take only "auto".
+        kernel: CUDA kernel family: "auto" (default: on Hopper where compiled sm90ws, the TMA warp-specialized
+            forward, for fixed-length calls without softcap with seqlen_k >= 2048, head_dim 256, or head_dim 128
+            without mask, else sm90; elsewhere sm80),
+            "sm80", "sm90" or "sm90ws" (forward only); a family the GPU or build cannot run raises
+            flashkv.UnsupportedError. CPU tensors take only "auto".
     Returns:
         out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
         return_lse.

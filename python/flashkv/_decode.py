@@ -1,5 +1,5 @@
-"""Split-KV paged decode on CUDA (flash-decoding) over the C function ``flashkv_cuda_decode``
-(include/flashkv/flashkv_cuda.h; semantics in src/cuda/decode_cuda.hpp).
+"""Split-KV paged decode (flash-decoding) over the C function ``flashkv_cuda_decode`` (include/flashkv/flashkv_cuda.h;
+semantics in include/flashkv/decode.hpp): CUDA tensors run the CUDA kernels, CPU arrays / tensors the CPU decode.
 
 Algorithm: the keys of each sequence are split into ``num_splits`` chunks processed by separate thread blocks, each
 producing a partial output and its log-sum-exp, which a combine kernel merges exactly (Dao et al. 2023,
@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from . import _library as L
+from ._attention import _bool_arg, _float_arg, _int_arg
 from ._tensor import TensorArg, cuda_stream, new_output, to_tensor
 
 
@@ -27,33 +28,23 @@ def _int32_arg(x: Any, name: str) -> TensorArg:
     return to_tensor(x, name)  # numpy of another dtype: the library reports it (TypeError naming the argument)
 
 
-def _options(softmax_scale: Any, causal: Any, softcap: Any, num_splits: Any, max_seqlen_k: Any) -> L.DecodeOptions:
+def _options(softmax_scale: Any, causal: Any, softcap: Any, num_splits: Any, max_seqlen_k: Any,
+             window_size_left: Any = -1, num_threads: Any = 0) -> L.DecodeOptions:
+    """flashkv_decode_options from the Python arguments: ints / bools / floats checked (never truncated or wrapped;
+    the same checks as flashkv.attention), ranges that only Python can see checked here, the rest by the library."""
     o = L.DecodeOptions()
     L.check(L.lib().flashkv_decode_options_default(ctypes.byref(o)))
     if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(
-                f"flashkv: argument 'softmax_scale': expected a float or None, got {type(softmax_scale).__name__}"
-            )
         o.has_softmax_scale = 1
-        o.softmax_scale = float(softmax_scale)
+        o.softmax_scale = _float_arg(softmax_scale, "softmax_scale", "a float or None")
         if math.isfinite(softmax_scale) and not math.isfinite(o.softmax_scale):  # overflows float32
             raise ValueError(f"flashkv: argument 'softmax_scale': expected a float32 value, got {softmax_scale!r}")
-    o.causal = 1 if causal else 0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"flashkv: argument 'softcap': expected a float, got {type(softcap).__name__}")
-    o.softcap = float(softcap)
-    for name, value in (("num_splits", num_splits), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"flashkv: argument '{name}': expected an int, got {type(value).__name__}")
-    if not 0 <= num_splits <= 256:
-        raise ValueError(f"flashkv: argument 'num_splits': expected 0 (auto) .. 256, got {num_splits}")
-    if max_seqlen_k < 0:
-        raise ValueError(
-            f"flashkv: argument 'max_seqlen_k': expected >= 0 (0 = page-table capacity), got {max_seqlen_k}"
-        )
-    o.num_splits = num_splits
-    o.max_seqlen_k = max_seqlen_k
+    o.causal = 1 if _bool_arg(causal, "causal") else 0
+    o.softcap = _float_arg(softcap, "softcap", "a float")
+    o.num_splits = _int_arg(num_splits, "num_splits", 0, 1024)
+    o.max_seqlen_k = _int_arg(max_seqlen_k, "max_seqlen_k", 0, 2**63 - 1)
+    o.window_size_left = _int_arg(window_size_left, "window_size_left", -1)
+    o.num_threads = _int_arg(num_threads, "num_threads", 0)
     return o
 
 
@@ -71,13 +62,16 @@ def paged_decode(
     softcap: float = 0.0,
     num_splits: int = 0,
     max_seqlen_k: int = 0,
+    window_size_left: int = -1,
+    num_threads: int = 0,
     out: Any = None,
     return_lse: bool = False,
 ) -> Any:
-    """Attention of a few new query tokens per sequence against a paged bf16/fp16 KV cache on CUDA, optionally
-    appending the new tokens' K/V to the cache first (split-KV "flash-decoding").
+    """Attention of a few new query tokens per sequence against a paged 16-bit KV cache, optionally appending the new
+    tokens' K/V to the cache first (split-KV "flash-decoding"), on CUDA (torch CUDA tensors) or on the CPU (numpy
+    arrays or CPU torch tensors; float32 allowed there too).
 
-    Shapes (bshd; every tensor a torch CUDA tensor on q's device, last dimension contiguous):
+    Shapes (bshd; every tensor on one device, last dimension contiguous):
         q              [batch, seqlen_q, num_heads, head_dim]       the new tokens' queries (seqlen_q small, e.g. 1)
         k_cache/v_cache [num_pages, page_size, num_heads_kv, head_dim] physical pages, shared by all sequences;
                        page_size (shape[1]) a power of two in 16..256
@@ -96,32 +90,39 @@ def paged_decode(
           seqlen_k = cache_seqlens[b] + seqlen_q tokens. Without them it covers seqlen_k = cache_seqlens[b].
         * cache_seqlens is NOT updated: after an append the caller adds seqlen_q to it for the next step.
         * The cache holds at most capacity = max_pages * page_size tokens per sequence (shape[1] without a page
-          table). Appended tokens past the capacity are dropped and attention stops at the capacity; size the page
-          table so this never happens. Page ids are not checked on the device: every id among the first
-          ceil(seqlen_k / page_size) entries of a row must be < num_pages (out-of-range ids read or write other
-          memory). Entries past those are never read.
+          table). cache_seqlens[b] (+ seqlen_q when appending) > capacity raises flashkv.CapacityError naming the
+          sequence, the lengths and the capacity, before anything is written. On CUDA that check reads cache_seqlens
+          back (one small synchronous copy) unless max_seqlen_k > 0 promises cache_seqlens <= max_seqlen_k (then
+          max_seqlen_k + seqlen_q <= capacity is checked; a sequence breaking the promise gets NaN output / lse and
+          nothing appended). Page ids are checked on the CPU; on the device every id among the first
+          ceil(seqlen_k / page_size) entries of a row must be < num_pages. Entries past those are never read.
         * causal (default True) is bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q, i.e. each new
           token sees the cache and the new tokens up to itself. causal=False lets every query see all seqlen_k keys.
         * softmax_scale defaults to 1/sqrt(head_dim); softcap > 0 applies softcap * tanh(score / softcap).
         * GQA/MQA: num_heads a multiple of num_heads_kv; the query heads of one KV head are processed together.
-        * num_splits: 0 = heuristic (FlashAttention-3's: split only when batch x kv heads leaves SMs idle), 1 = no
-          split, n = n splits (<= 256). Any choice gives the same result up to float32 rounding.
-          max_seqlen_k: an upper bound of cache_seqlens used only by that heuristic (0 = the capacity).
-        * Runs asynchronously on torch.cuda.current_stream() of q's device; no synchronization, no host copies of
-          cache_seqlens or page_table.
+        * window_size_left = W >= 0: query at position p sees keys j in [p - W, p] only (sliding window).
+        * num_splits: 0 = heuristic (FlashAttention-3's on CUDA: split only when batch x kv heads leaves SMs idle),
+          1 = no split, n = n splits (<= 1024). Any choice gives the same result up to float32 rounding.
+        * Non-finite inputs (include/flashkv/decode.hpp): a NaN / inf score of a visible key makes that row's out and
+          lse NaN; a non-finite value makes the output channels it reaches non-finite; masked keys and slots past
+          the lengths never matter. Only a row without visible keys gets out 0 and lse -inf.
+        * CUDA: runs asynchronously on torch.cuda.current_stream() of q's device (no synchronization when
+          max_seqlen_k is given). CPU: num_threads OpenMP threads (0 = all).
 
-    dtypes: q, k_cache, v_cache, k_new, v_new, out: one dtype, torch.bfloat16 or torch.float16 (float32 accumulation);
-    page_table, cache_seqlens: torch.int32. head_dim a multiple of 8, <= 256, and compiled for decode (64 and 128 by
-    default; a smaller head_dim runs on the next compiled one; see docs/gpu.md).
+    dtypes: q, k_cache, v_cache, k_new, v_new, out: one dtype, bfloat16 or float16 (CPU: also float32; float32
+    accumulation); page_table, cache_seqlens: int32. CUDA: head_dim a multiple of 8, <= 256, and compiled for decode
+    (64 and 128 by default; a smaller head_dim runs on the next compiled one; see docs/gpu.md).
 
     Errors (each names the argument, expected vs actual):
-        TypeError: wrong dtype (e.g. float32, or mixed bf16/fp16), an int64 page_table/cache_seqlens, tensors on
-            different devices (CPU with CUDA, or two GPUs), not an array/tensor.
+        TypeError: wrong dtype (e.g. float32 on CUDA, or mixed bf16/fp16), an int64 page_table/cache_seqlens,
+            tensors on different devices (CPU with CUDA, or two GPUs), not an array/tensor.
         ValueError: wrong rank or shape, page_size not a power of two in 16..256, head_dim not a multiple of 8 or
-            > 256, num_heads not a multiple of num_heads_kv, only one of k_new/v_new, softcap < 0, softmax_scale <= 0,
-            num_splits outside 0..256, max_seqlen_k < 0, pointers or strides not 16-byte aligned.
-        flashkv.UnsupportedError: the library was built without the CUDA backend (the message says so), or the
-            head_dim/dtype combination is not compiled (the message lists what is), or batch > 65535.
+            > 256 (CUDA), num_heads not a multiple of num_heads_kv, only one of k_new/v_new, softcap < 0,
+            softmax_scale <= 0, num_splits outside 0..1024, max_seqlen_k < 0, window_size_left < -1, a negative
+            cache_seqlens, a page id out of range (CPU), pointers or strides not 16-byte aligned (CUDA).
+        flashkv.CapacityError: lengths past the capacity (above); nothing was written.
+        flashkv.UnsupportedError: CUDA tensors and a library built without the CUDA backend (the message says so),
+            or a head_dim/dtype combination that is not compiled (the message lists what is), or batch > 65535.
     """
     if (k_new is None) != (v_new is None):
         missing = "v_new" if v_new is None else "k_new"
@@ -129,7 +130,7 @@ def paged_decode(
     lib = L.lib()
     if getattr(lib, "flashkv_cuda_decode", None) is None:
         raise L.UnsupportedError(f"flashkv: {L.library_path()} has no flashkv_cuda_decode (an older library)")
-    o = _options(softmax_scale, causal, softcap, num_splits, max_seqlen_k)
+    o = _options(softmax_scale, causal, softcap, num_splits, max_seqlen_k, window_size_left, num_threads)
     tq, tk, tv = to_tensor(q, "q"), to_tensor(k_cache, "k_cache"), to_tensor(v_cache, "v_cache")
     tpt = _int32_arg(page_table, "page_table") if page_table is not None else None
     tsl = _int32_arg(cache_seqlens, "cache_seqlens")

@@ -32,7 +32,7 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "float64":
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 # flashkv_algorithm
 ALGORITHMS = {"tiled": 0, "v1": 1, "naive": 2}
-KERNEL_FAMILIES = {"auto": 0, "sm80": 1, "sm90": 2}
+KERNEL_FAMILIES = {"auto": 0, "sm80": 1, "sm90": 2, "sm90ws": 3}
 
 
 class UnsupportedError(NotImplementedError):
@@ -98,6 +98,8 @@ class DecodeOptions(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
         ("max_seqlen_k", ctypes.c_int64),
         ("stream", ctypes.c_void_p),
+        ("window_size_left", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
     ]
 
 

@@ -52,8 +52,9 @@ AttentionOptions to_options(const flashkv_attention_options* c) {
   }
   if (FLASHKV_OPT_COVERS(size, stream)) o.stream = c->stream;
   if (FLASHKV_OPT_COVERS(size, kernel_family)) {
-    if (c->kernel_family < FLASHKV_KERNEL_AUTO || c->kernel_family > FLASHKV_KERNEL_SM90) {
-      throw Error("opts.kernel_family", "FLASHKV_KERNEL_AUTO (0), FLASHKV_KERNEL_SM80 (1) or FLASHKV_KERNEL_SM90 (2)",
+    if (c->kernel_family < FLASHKV_KERNEL_AUTO || c->kernel_family > FLASHKV_KERNEL_SM90WS) {
+      throw Error("opts.kernel_family",
+                  "FLASHKV_KERNEL_AUTO (0), FLASHKV_KERNEL_SM80 (1), FLASHKV_KERNEL_SM90 (2) or FLASHKV_KERNEL_SM90WS (3)",
                   std::to_string(c->kernel_family));
     }
     o.kernel_family = static_cast<KernelFamily>(c->kernel_family);

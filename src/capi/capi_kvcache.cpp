@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "capi/capi_common.hpp"
 #include "flashkv/flashkv_kvcache.h"
@@ -11,6 +12,7 @@
 struct flashkv_kv_cache {
   flashkv::PagedKVCache cache;
   explicit flashkv_kv_cache(const flashkv::KVCacheConfig& c) : cache(c) {}
+  explicit flashkv_kv_cache(flashkv::PagedKVCache&& c) : cache(std::move(c)) {}
 };
 
 namespace flashkv::capi {
@@ -55,6 +57,14 @@ KVCacheConfig to_config(const flashkv_kv_cache_config* c) {
   k.v_scales.assign(c->v_scales, c->v_scales + c->num_v_scales);
   k.capacity_pages = c->capacity_pages;
   k.capacity_bytes = c->capacity_bytes;
+  using T = flashkv_kv_cache_config;
+  if (FLASHKV_COVERS(T, c, device)) {
+    if (c->device != FLASHKV_DEVICE_CPU && c->device != FLASHKV_DEVICE_CUDA) {
+      throw Error("cfg.device", "FLASHKV_DEVICE_CPU (0) or FLASHKV_DEVICE_CUDA (1)", std::to_string(c->device));
+    }
+    k.device = static_cast<Device>(c->device);
+  }
+  if (FLASHKV_COVERS(T, c, device_index)) k.device_index = c->device_index;
   return k;
 }
 
@@ -145,6 +155,18 @@ flashkv_status flashkv_kv_cache_create(const flashkv_kv_cache_config* cfg, flash
 
 flashkv_status flashkv_kv_cache_free(flashkv_kv_cache* cache) {
   return guard([&] { delete cache; });
+}
+
+flashkv_status flashkv_kv_cache_to(const flashkv_kv_cache* cache, int32_t device, int32_t device_index,
+                                   flashkv_kv_cache** out) {
+  return guard([&] {
+    if (out == nullptr) throw flashkv::Error("out", "a flashkv_kv_cache* to fill", "NULL pointer");
+    *out = nullptr;
+    if (device != FLASHKV_DEVICE_CPU && device != FLASHKV_DEVICE_CUDA) {
+      throw flashkv::Error("device", "FLASHKV_DEVICE_CPU (0) or FLASHKV_DEVICE_CUDA (1)", std::to_string(device));
+    }
+    *out = new flashkv_kv_cache(flashkv::capi::get(cache).to(static_cast<flashkv::Device>(device), device_index));
+  });
 }
 
 flashkv_status flashkv_kv_cache_add_sequence(flashkv_kv_cache* cache, int64_t seq_id) {

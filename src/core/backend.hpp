@@ -9,10 +9,16 @@
 // (the CLI / shared library link layers whole-archive so such initializers are kept).
 #pragma once
 
+#include <cstddef>
+#include <memory>
+
 #include "core/problem.hpp"
 #include "flashkv/types.hpp"
 
 namespace flashkv::core {
+
+struct DecodeProblem;
+class DecodeWork;
 
 struct DeviceBackend {
   /// Runs a validated forward problem (problem.is_backward == false). `stream` == problem.stream.
@@ -31,5 +37,37 @@ void register_device_backend(Device device, const DeviceBackend* backend);
 
 /// The registered backend for `device`, or nullptr.
 const DeviceBackend* device_backend(Device device);
+/// The backend for `device` or UnsupportedError ("flashkv was built without the CUDA backend" / "no CUDA device").
+const DeviceBackend& require_device_backend(Device device);
+
+/// Device side of the KV cache and of decode attention over it (src/core/decode_problem.hpp). Registered like
+/// DeviceBackend (the CUDA layer: src/cuda/decode_cuda.cpp); the KV cache layer (src/kvcache/) reaches device memory and
+/// device decode only through it, so a cache can live on the device with the same page layout as on the host.
+struct DecodeBackend {
+  /// Plans a validated decode problem on this device (work partition, workspaces, device copies of the host tables);
+  /// the returned work runs it (and later problems of the same shape). Throws UnsupportedError for what the device
+  /// cannot run (naming it), CapacityError for lengths past the capacity.
+  std::unique_ptr<DecodeWork> (*plan)(const DecodeProblem& problem) = nullptr;
+  /// Appends rows to a device cache's pages: rows = problem.k_new / v_new [batch, seqlen_new, Hk, d] at positions
+  /// seqlens[b] + i of the problem's page table (16-bit formats without windows or rotation), asynchronously on
+  /// problem.stream.
+  void (*append)(const DecodeProblem& problem) = nullptr;
+  /// Device memory for caches: allocate (nullptr when out of memory), free, synchronous copies (kind 0: host to
+  /// device, 1: device to host, 2: device to device) and fill.
+  void* (*alloc)(std::size_t bytes, int32_t device_index) = nullptr;
+  void (*free)(void* p, int32_t device_index) = nullptr;
+  void (*copy)(void* dst, const void* src, std::size_t bytes, int kind, int32_t device_index) = nullptr;
+  void (*fill)(void* p, int value, std::size_t bytes, int32_t device_index) = nullptr;
+  bool (*available)() = nullptr;
+  const char* name = "";
+};
+
+/// Registers (nullptr: unregisters) the decode backend for `device` (not Device::cpu: the CPU path is built in).
+void register_decode_backend(Device device, const DecodeBackend* backend);
+/// The registered decode backend for `device`, or nullptr.
+const DecodeBackend* decode_backend(Device device);
+/// The decode backend for `device` or UnsupportedError ("flashkv was built without the CUDA backend" / "no CUDA
+/// device").
+const DecodeBackend& require_decode_backend(Device device);
 
 }  // namespace flashkv::core

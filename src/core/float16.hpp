@@ -1,28 +1,32 @@
-// Scalar float16 / bfloat16 <-> float32 conversions (IEEE round-to-nearest-even; NaN and Inf preserved).
-// Host code only; the CUDA backend uses cuda_fp16.h / cuda_bf16.h. Storage types are plain uint16_t bit patterns.
+// Scalar float16 / bfloat16 <-> float32 conversions (IEEE round-to-nearest-even; NaN and Inf preserved), bit-exact
+// on the host and the device (FLASHKV_HD: integer arithmetic and exact float steps only; the KV format trait,
+// src/kvcache/format/traits.hpp, encodes and decodes with them in both). The CUDA kernels' own conversions use
+// cuda_fp16.h / cuda_bf16.h. Storage types are plain uint16_t bit patterns.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.hpp"
+
 namespace flashkv {
 
-inline float bits_to_float(uint32_t u) {
+FLASHKV_HD float bits_to_float(uint32_t u) {
   float f;
-  std::memcpy(&f, &u, 4);
+  memcpy(&f, &u, 4);
   return f;
 }
-inline uint32_t float_to_bits(float f) {
+FLASHKV_HD uint32_t float_to_bits(float f) {
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  memcpy(&u, &f, 4);
   return u;
 }
 
 /// bfloat16 bits -> float (exact).
-inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+FLASHKV_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
 /// float -> bfloat16 bits, round to nearest even; NaN stays NaN (quiet).
-inline uint16_t float_to_bf16(float f) {
+FLASHKV_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -30,7 +34,7 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 /// IEEE binary16 bits -> float (exact, subnormals included).
-inline float fp16_to_float(uint16_t h) {
+FLASHKV_HD float fp16_to_float(uint16_t h) {
   uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
@@ -56,7 +60,7 @@ inline float fp16_to_float(uint16_t h) {
 }
 
 /// float -> IEEE binary16 bits, round to nearest even; overflow -> ±Inf; NaN stays NaN.
-inline uint16_t float_to_fp16(float f) {
+FLASHKV_HD uint16_t float_to_fp16(float f) {
   uint32_t u = float_to_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;

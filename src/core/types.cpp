@@ -10,6 +10,7 @@ const char* kernel_family_name(KernelFamily f) {
     case KernelFamily::automatic: return "auto";
     case KernelFamily::sm80: return "sm80";
     case KernelFamily::sm90: return "sm90";
+    case KernelFamily::sm90ws: return "sm90ws";
   }
   return "unknown";
 }

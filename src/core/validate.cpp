@@ -211,7 +211,7 @@ void check_options(const AttentionOptions& o, AttentionProblem& p) {
   if (alg < 0 || alg > 2) throw Error("algorithm", "tiled (0), v1_order (1) or naive (2)", str(alg));
   if (o.num_threads < 0) throw Error("num_threads", ">= 0 (0 = OpenMP default)", str(o.num_threads));
   const int fam = static_cast<int>(o.kernel_family);
-  if (fam < 0 || fam > 2) throw Error("kernel_family", "auto (0), sm80 (1) or sm90 (2)", str(fam));
+  if (fam < 0 || fam > 3) throw Error("kernel_family", "auto (0), sm80 (1), sm90 (2) or sm90ws (3)", str(fam));
   if (p.device == Device::cpu && o.kernel_family != KernelFamily::automatic) {
     throw UnsupportedError(std::string("flashkv: kernel_family '") + kernel_family_name(o.kernel_family) +
                            "' selects a CUDA kernel family, but the tensors are on the CPU (use 'auto')");

@@ -10,8 +10,12 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
+#include "core/decode_problem.hpp"
 #include "core/problem.hpp"
 #include "flashkv/attention.hpp"
+#include "flashkv/decode.hpp"
 #include "flashkv/types.hpp"
 
 namespace flashkv::core {
@@ -57,5 +61,25 @@ AttentionProblem make_varlen_backward_problem(const TensorView& q, const TensorV
                                               const TensorView& lse, const TensorView& dout, const TensorView& dq,
                                               const TensorView& dk, const TensorView& dv,
                                               const AttentionOptions& options);
+
+// ---- decode over a paged KV cache (flashkv/decode.hpp) -----------------------------------------------------------
+/// Validates a paged_decode call (16-bit cache tensors; every check listed there) into a DecodeProblem. For CPU
+/// tensors the cache_seqlens are read here: each >= 0 and cache_seqlens[b] + seqlen_new <= capacity (CapacityError
+/// naming b, the lengths and the capacity) and the page ids they need in [0, num_pages); `host_seqlens_k` receives
+/// the key counts (problem.kv.host_seqlens_k points into it). CUDA lengths are checked by the device plan before
+/// anything is written or launched; options.max_seqlen_k + seqlen_new <= capacity is checked here for any device.
+DecodeProblem make_decode_problem(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                  const TensorView* page_table, const TensorView& cache_seqlens,
+                                  const TensorView* k_new, const TensorView* v_new, const TensorView& out,
+                                  const TensorView* lse, const DecodeOptions& options,
+                                  std::vector<int64_t>& host_seqlens_k);
+
+/// The option checks shared by both decode entry points (Error naming 'options.<field>'); fills the problem's
+/// semantics / execution fields (softmax scale resolved for problem.head_dim).
+void apply_decode_options(const DecodeOptions& options, DecodeProblem& problem);
+
+/// Binds q [total_q, num_heads, head_dim], out like q and lse [num_heads, total_q] (optional) of a PagedKVCache decode
+/// to a planned problem (sizes from the plan; Error / TypeError naming q / out / lse).
+void bind_decode_io(DecodeProblem& problem, const TensorView& q, const TensorView& out, const TensorView* lse);
 
 }  // namespace flashkv::core

@@ -17,19 +17,6 @@
 namespace flashkv {
 namespace {
 
-const core::DeviceBackend& require_backend(Device device) {
-  const core::DeviceBackend* be = core::device_backend(device);
-  if (be == nullptr) {
-    if (device == Device::cuda) throw UnsupportedError("flashkv was built without the CUDA backend");
-    throw UnsupportedError(std::string("flashkv: no backend for device ") + device_name(device));
-  }
-  if (be->available != nullptr && !be->available()) {
-    throw UnsupportedError(device == Device::cuda ? "flashkv: no CUDA device"
-                                                  : std::string("flashkv: no ") + device_name(device) + " device");
-  }
-  return *be;
-}
-
 /// "attention_forward cpu tiled float32 hdim64 varlen causal" (the CPU kernels have one path per algorithm).
 std::string cpu_path(const char* op, const core::AttentionProblem& p) {
   std::string s = std::string(op) + " cpu " + (p.is_backward ? "fa2-bwd" : algorithm_name(p.algorithm)) + " " +
@@ -44,7 +31,7 @@ void run_forward(const core::AttentionProblem& p) {
     core::record_path(cpu_path("attention_forward", p));
     cpu::forward(p);
   } else {
-    require_backend(p.device).forward(p, p.stream);
+    core::require_device_backend(p.device).forward(p, p.stream);
   }
 }
 
@@ -54,7 +41,7 @@ void run_backward(const core::AttentionProblem& p) {
     core::record_path(cpu_path("attention_backward", p));
     cpu::backward(p);
   } else {
-    require_backend(p.device).backward(p, p.stream);
+    core::require_device_backend(p.device).backward(p, p.stream);
   }
 }
 

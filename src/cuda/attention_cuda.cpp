@@ -66,6 +66,8 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
   p.head_dim = static_cast<int32_t>(pr.head_dim);
   p.seqlen_q = static_cast<int32_t>(pr.max_seqlen_q);
   p.seqlen_k = static_cast<int32_t>(pr.max_seqlen_k);
+  p.total_q = pr.total_q;
+  p.total_k = pr.total_k;
   p.window_left = pr.window_size_left;
   p.window_right = pr.window_size_right;
   p.softmax_scale = pr.softmax_scale;
@@ -76,8 +78,9 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
 }
 
 /// The path report of one call (core::record_path): e.g. "attention_forward cuda sm90 fwd hdim128 bfloat16 causal
-/// tiles 128x128", plus "head_dim 59 padded" when a larger compiled head dim runs, "small-smem" when the tile table's
-/// small-shared-memory configuration ran, "padded-copy" when the inputs were copied.
+/// tiles 128x128" or "attention_forward cuda sm90ws fwd hdim128 bfloat16 tiles 128x176 persistent", plus "head_dim
+/// 59 padded" when a larger compiled head dim runs, "small-smem" when the tile table's small-shared-memory
+/// configuration ran, "padded-copy" when the inputs were copied.
 void record(const char* entry, const core::AttentionProblem& pr, const KernelEntry& ke, const char* kind,
             const LaunchInfo& info, bool padded_copy, const char* extra) {
   std::string d = std::string(entry) + " cuda " + kernel_arch_name(ke.arch) + " " + kind + " hdim" +
@@ -92,6 +95,7 @@ void record(const char* entry, const core::AttentionProblem& pr, const KernelEnt
   if (extra != nullptr) d += std::string(" ") + extra;
   d += " tiles " + std::to_string(info.block_m) + "x" + std::to_string(info.block_n);
   if (info.small_smem) d += " small-smem";
+  if (info.schedule != nullptr) d += std::string(" ") + info.schedule;
   if (ke.head_dim != pr.head_dim) d += " head_dim " + std::to_string(pr.head_dim) + " padded";
   if (padded_copy) d += " padded-copy";
   core::record_path(std::move(d));
@@ -125,10 +129,22 @@ struct Padded {
   }
 };
 
-bool needs_padding(const core::AttentionProblem& pr) {
+/// TMA tensor maps (the sm90ws forward's q/k/v) take positive strides only: a zero (broadcast) row or head stride, or
+/// a zero batch stride of a fixed-length tensor, goes through the padded copy instead.
+bool tma_strides_ok(const core::Strides3& s, bool varlen) {
+  return s.row > 0 && s.head > 0 && (varlen || s.batch > 0);
+}
+
+/// Whether the inputs must be copied into padded contiguous buffers first (head_dim not a multiple of 8, pointers or
+/// strides not 16-byte aligned; for a TMA kernel also non-positive strides).
+bool needs_padding(const core::AttentionProblem& pr, bool tma = false) {
   bool ok = pr.head_dim % 8 == 0 && aligned16(pr.q) && aligned16(pr.k) && aligned16(pr.v) && aligned16(pr.out) &&
             strides_ok(pr.q_strides) && strides_ok(pr.k_strides) && strides_ok(pr.v_strides) &&
             strides_ok(pr.out_strides);
+  if (tma) {
+    ok = ok && tma_strides_ok(pr.q_strides, pr.is_varlen) && tma_strides_ok(pr.k_strides, pr.is_varlen) &&
+         tma_strides_ok(pr.v_strides, pr.is_varlen);
+  }
   if (pr.is_backward) {
     ok = ok && aligned16(pr.dout) && aligned16(pr.dq) && aligned16(pr.dk) && aligned16(pr.dv) &&
          strides_ok(pr.dout_strides) && strides_ok(pr.dq_strides) && strides_ok(pr.dk_strides) &&
@@ -140,8 +156,6 @@ bool needs_padding(const core::AttentionProblem& pr) {
 LaunchInfo run_backward(const core::AttentionProblem& pr, BwdParams& p, const KernelEntry& ke, cudaStream_t st) {
   const int64_t dround = ke.head_dim;
   const int64_t group = pr.num_heads / pr.num_heads_kv;
-  p.total_q = pr.total_q;
-  p.total_k = pr.total_k;
   p.head_dim_rounded = static_cast<int32_t>(dround);
   p.deterministic = pr.deterministic;
   // Workspaces: dq accumulator, D and lse*log2(e), per-query-head dk/dv for GQA, turn counters (deterministic).
@@ -176,7 +190,9 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
   const int64_t dpad = round_up8(pr.head_dim);
   DeviceGuard guard(pr.device_index);
-  const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype);
+  const CallShape shape{pr.max_seqlen_k, pr.causal || pr.window_size_left >= 0 || pr.window_size_right >= 0,
+                        pr.is_varlen, pr.softcap > 0.f};
+  const KernelEntry& ke = select_kernel(kind, pr.kernel_family, dpad, pr.dtype, shape);
   auto st = static_cast<cudaStream_t>(stream);
   if (pr.batch == 0 || pr.num_heads == 0 || pr.total_q == 0) return;
   FwdParams p;
@@ -190,7 +206,7 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   p.v1_ml = v1_ml.as<float>();
   p.v1_rows = static_cast<int32_t>(v1_rows);
   const char* kind_name = kind == KernelKind::fwd_v1 ? "fwd_v1" : "fwd";
-  if (!needs_padding(pr)) {
+  if (!needs_padding(pr, ke.arch == KernelArch::sm90ws)) {
     record("attention_forward", pr, ke, kind_name, ke.fwd()(p, st), false, nullptr);
   } else {
     const RowsView qr = q_rows(pr), kr = k_rows(pr);

@@ -1,4 +1,4 @@
-// Append kernels for the decode path (decode_append.hpp).
+// Append kernel of the decode path (decode_append.hpp).
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
 
@@ -12,8 +12,9 @@ __global__ void append_kv_kernel(const AppendParams p, int64_t total) {
     const int hk = static_cast<int>((idx / p.head_dim) % p.num_heads_kv);
     const int i = static_cast<int>((idx / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv)) % p.seqlen_new);
     const int b = static_cast<int>(idx / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv * p.seqlen_new));
-    const int64_t pos = static_cast<int64_t>(p.cache_seqlens[b]) + i;
-    if (pos < 0 || pos >= p.capacity) continue;
+    const int64_t cached = p.seqlens[b];
+    if (cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || cached + p.seqlen_new > p.capacity) continue;
+    const int64_t pos = cached + i;
     int64_t kdst, vdst;
     if (p.page_table != nullptr) {
       const int64_t page = p.page_table[b * p.page_table_batch + (pos >> p.page_size_log2)];
@@ -29,14 +30,6 @@ __global__ void append_kv_kernel(const AppendParams p, int64_t total) {
   }
 }
 
-__global__ void effective_seqlens_kernel(const int32_t* cache_seqlens, int32_t add, int64_t capacity,
-                                         int32_t* seqlens_k, int batch) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= batch) return;
-  const int64_t n = static_cast<int64_t>(cache_seqlens[b]) + add;
-  seqlens_k[b] = static_cast<int32_t>(n < capacity ? (n < 0 ? 0 : n) : capacity);
-}
-
 }  // namespace
 
 void append_kv(const AppendParams& p, cudaStream_t stream) {
@@ -45,13 +38,6 @@ void append_kv(const AppendParams& p, cudaStream_t stream) {
   const int64_t blocks = (total + 255) / 256;
   append_kv_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(p, total);
   check_cuda(cudaGetLastError(), "append_kv launch");
-}
-
-void effective_seqlens(const int32_t* cache_seqlens, int32_t add, int64_t capacity, int32_t* seqlens_k, int batch,
-                       cudaStream_t stream) {
-  if (batch == 0) return;
-  effective_seqlens_kernel<<<(batch + 127) / 128, 128, 0, stream>>>(cache_seqlens, add, capacity, seqlens_k, batch);
-  check_cuda(cudaGetLastError(), "effective_seqlens launch");
 }
 
 }  // namespace flashkv::cuda

@@ -1,4 +1,6 @@
-// Appending new K/V tokens into a paged (or contiguous) 16-bit cache, and the effective sequence lengths.
+// Appending new K / V rows into 16-bit KV pages on the device (the tensor API's k_new / v_new, a device
+// PagedKVCache's append): row i of sequence b goes to position seqlens[b] + i through the page table, in the one page
+// layout (kvcache/page_layout.hpp; element strides as DecodeParams).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,7 +10,7 @@
 namespace flashkv::cuda {
 
 struct AppendParams {
-  const uint16_t* k_new = nullptr;  ///< [batch, seqlen_new, num_heads_kv, head_dim] (strides below)
+  const uint16_t* k_new = nullptr;  ///< [batch, seqlen_new, num_heads_kv, head_dim] (strides below, elements)
   const uint16_t* v_new = nullptr;
   int64_t kn_batch = 0, kn_row = 0, kn_head = 0, vn_batch = 0, vn_row = 0, vn_head = 0;
   uint16_t* k_cache = nullptr;
@@ -17,15 +19,14 @@ struct AppendParams {
   const int32_t* page_table = nullptr;  ///< nullptr: contiguous cache, k_page/v_page are batch strides
   int64_t page_table_batch = 0;
   int32_t page_size_log2 = 0;
-  const int32_t* cache_seqlens = nullptr;
+  const int32_t* seqlens = nullptr;     ///< [batch] tokens already cached
   int32_t batch = 0, seqlen_new = 0, num_heads_kv = 0, head_dim = 0;
-  int64_t capacity = 0;  ///< tokens per sequence the table can address; writes beyond are dropped
+  int64_t capacity = 0;      ///< tokens per sequence the table addresses
+  int32_t promised_max = 0;  ///< > 0: sequences with seqlens[b] > promised_max are skipped (their decode gives NaN)
 };
 
-/// Writes k_new/v_new at positions cache_seqlens[b] + i.
+/// Writes k_new / v_new at positions seqlens[b] + i; a sequence whose length breaks the precondition (negative,
+/// above the promise, or past the capacity with the new rows) is skipped as a whole — never clamped.
 void append_kv(const AppendParams& p, cudaStream_t stream);
-/// seqlens_k[b] = min(cache_seqlens[b] + add, capacity).
-void effective_seqlens(const int32_t* cache_seqlens, int32_t add, int64_t capacity, int32_t* seqlens_k, int batch,
-                       cudaStream_t stream);
 
 }  // namespace flashkv::cuda

@@ -1,4 +1,5 @@
-// Host side of the CUDA decode path: validation, the num_splits heuristic, workspaces, append + launch.
+// The CUDA decode backend (decode_cuda.hpp): core::DecodeProblem -> plan (checks, device tables, splits, workspace)
+// -> run (append + split-KV kernel + combine), and the device-memory hooks of device-resident KV caches.
 #include "cuda/decode_cuda.hpp"
 
 #include <cuda_runtime_api.h>
@@ -6,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "core/validate.hpp"
+#include "core/backend.hpp"
+#include "core/decode_problem.hpp"
+#include "core/scaling.hpp"
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
 #include "cuda/kernels.hpp"
@@ -20,21 +23,259 @@
 namespace flashkv::cuda {
 namespace {
 
-constexpr int kDecodeBlockN = 64;   // tokens per key block (sm80::DecodeConfig::kBlockN)
-constexpr int kCtasPerSm = 2;       // decode CTAs resident per SM (shared memory bound)
+constexpr int kDecodeBlockN = 64;  // tokens per key block (sm80::DecodeConfig::kBlockN)
+constexpr int kCtasPerSm = 2;      // decode CTAs resident per SM (shared memory bound)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-void check_aligned(const TensorView& t, const char* name) {
-  bool ok = aligned16(t.data);
-  for (int i = 0; i + 1 < t.ndim; ++i) ok = ok && t.strides[i] % 8 == 0;
-  if (!ok) {
-    throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements",
-                t.describe() + " with unaligned pointer or strides");
-  }
+void check_aligned(const void* data, std::initializer_list<int64_t> elem_strides, const char* name) {
+  bool ok = aligned16(data);
+  for (int64_t s : elem_strides) ok = ok && s % 8 == 0;
+  if (!ok) throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
 }
 
+int log2_exact(int64_t x) {
+  int l = 0;
+  while ((int64_t{1} << l) < x) ++l;
+  return l;
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+/// The plan of one decode batch shape on one CUDA device.
+class CudaDecodeWork final : public core::DecodeWork {
+ public:
+  explicit CudaDecodeWork(const core::DecodeProblem& p);
+  void run(const core::DecodeProblem& p) override;
+  std::string path() const override { return path_; }
+  int32_t num_splits() const override { return num_splits_; }
+
+ private:
+  const KernelEntry* ke_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int32_t device_ = 0;
+  int32_t num_splits_ = 1;
+  int64_t rows_ = 0;  ///< batch · num_heads · max_seqlen_q
+  std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_;
+  std::string path_;
+};
+
+CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_index) {
+  if (p.dtype != DType::bfloat16 && p.dtype != DType::float16) {
+    throw TypeError("q", "bfloat16 or float16 (the CUDA decode computes in 16-bit; float32 runs on the CPU)",
+                    dtype_name(p.dtype));
+  }
+  const kv::KVCode want = p.dtype == DType::bfloat16 ? kv::KVCode::bf16 : kv::KVCode::f16;
+  for (int half = 0; half < 2; ++half) {
+    const kv::KVHalfFormat& f = p.kv.format[half];
+    if (f.code != want || f.scaling != kv::KVScaling::none) {
+      throw UnsupportedError(std::string("flashkv: the CUDA decode reads ") + dtype_name(p.dtype) +
+                             " pages for " + dtype_name(p.dtype) + " queries; this cache stores k=" +
+                             p.kv.format_name[0] + " v=" + p.kv.format_name[1] +
+                             " (quantized CUDA decode: issue #12; PagedKVCache::to(Device::cpu) decodes it on the CPU)");
+    }
+  }
+  if (p.kv.regions.has_window() || p.kv.rot_k || p.kv.rot_v) {
+    throw UnsupportedError("flashkv: the CUDA decode does not read sink / residual windows or Hadamard-rotated "
+                           "pages yet (issue #12); PagedKVCache::to(Device::cpu) decodes this cache on the CPU");
+  }
+  if (p.head_dim > 256 || p.head_dim % 8 != 0) {
+    throw Error("q", "head_dim in 8..256, a multiple of 8 (CUDA decode)", str(p.head_dim));
+  }
+  ke_ = &find_kernel(KernelKind::decode, p.head_dim, p.dtype);
+  if (p.batch > 65535) throw UnsupportedError("flashkv: CUDA decode supports batch <= 65535, got " + str(p.batch));
+  check_aligned(p.q, {p.q_strides.batch, p.q_strides.row, p.q_strides.head}, "q");
+  check_aligned(p.out, {p.out_strides.batch, p.out_strides.row, p.out_strides.head}, "out");
+  for (int half = 0; half < 2; ++half) {
+    const kv::HalfPages& h = p.kv.pages[half];
+    const char* name = half == 0 ? "k_cache" : "v_cache";
+    if (!aligned16(h.codes) || h.page_stride % 16 != 0 || h.slot_stride % 16 != 0 || h.head_stride % 16 != 0) {
+      throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
+    }
+  }
+  const int64_t group = p.group_size();
+  const int64_t row_tiles = (p.max_seqlen_q * group + 15) / 16;
+  if (p.num_heads_kv * row_tiles > 65535) throw UnsupportedError("flashkv: CUDA decode: too many kv heads x row tiles");
+
+  DeviceGuard guard(device_);
+  stream_ = static_cast<cudaStream_t>(p.stream);
+  const core::DecodeKV& kv = p.kv;
+  int64_t max_k = p.max_seqlen_k;
+  if (kv.host_seqlens_k != nullptr) {  // a PagedKVCache: lengths known on the host, checked by the cache
+    std::vector<int32_t> lens(static_cast<size_t>(p.batch));
+    max_k = 0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      lens[static_cast<size_t>(b)] = static_cast<int32_t>(kv.host_seqlens_k[b]);
+      max_k = std::max(max_k, kv.host_seqlens_k[b]);
+    }
+    if (kv.seqlens == nullptr) {
+      seqlens_ = std::make_unique<DeviceBuffer>(lens.size() * 4, stream_);
+      check_cuda(cudaMemcpyAsync(seqlens_->get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice, stream_),
+                 "decode plan: upload seqlens");
+    }
+  } else if (kv.promised_max_seqlen == 0 && p.batch > 0) {
+    // Tensor API without a promised bound: read the lengths back and check them before anything is written or run.
+    std::vector<int32_t> lens(static_cast<size_t>(p.batch));
+    check_cuda(cudaMemcpyAsync(lens.data(), kv.seqlens, lens.size() * 4, cudaMemcpyDeviceToHost, stream_),
+               "decode plan: read cache_seqlens");
+    check_cuda(cudaStreamSynchronize(stream_), "decode plan: read cache_seqlens");
+    max_k = 0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t n = lens[static_cast<size_t>(b)];
+      if (n < 0) throw Error("cache_seqlens", "values >= 0", "cache_seqlens[" + str(b) + "] = " + str(n));
+      if (n + kv.seqlen_add > kv.capacity) {
+        throw CapacityError("flashkv: paged decode past the cache capacity: sequence " + str(b) + " has " + str(n) +
+                            " cached tokens" + (kv.seqlen_add ? " + " + str(kv.seqlen_add) + " appended" : std::string()) +
+                            " > capacity " + str(kv.capacity) + " tokens (" +
+                            (kv.page_table ? str(kv.max_pages) + " pages of " + str(kv.page_size) : std::string("contiguous cache")) +
+                            "); nothing written");
+      }
+      max_k = std::max(max_k, n + kv.seqlen_add);
+    }
+  }
+  if (kv.page_table == nullptr && kv.host_page_table != nullptr) {
+    const size_t bytes = static_cast<size_t>(p.batch * kv.page_table_stride) * 4;
+    page_table_ = std::make_unique<DeviceBuffer>(bytes, stream_);
+    check_cuda(cudaMemcpyAsync(page_table_->get(), kv.host_page_table, bytes, cudaMemcpyHostToDevice, stream_),
+               "decode plan: upload page_table");
+  }
+  if (p.is_varlen && p.cu_seqlens_q == nullptr) {
+    cu_q_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(p.batch + 1) * 4, stream_);
+    check_cuda(cudaMemcpyAsync(cu_q_->get(), p.host_cu_seqlens_q, static_cast<size_t>(p.batch + 1) * 4,
+                               cudaMemcpyHostToDevice, stream_),
+               "decode plan: upload cu_seqlens_q");
+  }
+  const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
+  num_splits_ = p.num_splits > 0 ? p.num_splits
+                                 : decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks,
+                                                     static_cast<int64_t>(num_sms()) * kCtasPerSm);
+  rows_ = p.batch * p.num_heads * p.max_seqlen_q;
+  if (num_splits_ > 1) {
+    o_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_ * ke_->head_dim) * 4, stream_);
+    lse_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_) * 4, stream_);
+  }
+  path_ = std::string("kv_decode cuda split-kv sm80 ") + dtype_name(p.dtype) + " hdim" + str(p.head_dim) + " splits" +
+          str(num_splits_) + (kv.page_table != nullptr || kv.host_page_table != nullptr
+                                  ? " paged page" + str(kv.page_size)
+                                  : std::string(" contiguous"));
+  if (p.is_varlen && p.max_seqlen_q > 1) path_ += " varlen";
+  if (p.k_new != nullptr) path_ += " append";
+}
+
+void CudaDecodeWork::run(const core::DecodeProblem& p) {
+  DeviceGuard guard(device_);
+  const core::DecodeKV& kv = p.kv;
+  const int64_t kes = 2;  // 16-bit pages
+  const int32_t* seqlens = seqlens_ ? seqlens_->as<int32_t>() : kv.seqlens;
+  const int32_t* table = page_table_ ? page_table_->as<int32_t>() : kv.page_table;
+  const bool paged = table != nullptr;
+  const int32_t page_log2 = paged ? log2_exact(kv.page_size) : 0;
+  if (p.k_new != nullptr) {
+    AppendParams a;
+    a.k_new = static_cast<const uint16_t*>(p.k_new), a.v_new = static_cast<const uint16_t*>(p.v_new);
+    a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
+    a.vn_batch = p.v_new_strides.batch, a.vn_row = p.v_new_strides.row, a.vn_head = p.v_new_strides.head;
+    a.k_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[0].codes));
+    a.v_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[1].codes));
+    a.k_page = kv.pages[0].page_stride / kes, a.k_row = kv.pages[0].slot_stride / kes, a.k_head = kv.pages[0].head_stride / kes;
+    a.v_page = kv.pages[1].page_stride / kes, a.v_row = kv.pages[1].slot_stride / kes, a.v_head = kv.pages[1].head_stride / kes;
+    a.page_table = table;
+    a.page_table_batch = kv.page_table_stride;
+    a.page_size_log2 = page_log2;
+    a.seqlens = seqlens;
+    a.batch = static_cast<int32_t>(p.batch), a.seqlen_new = static_cast<int32_t>(p.seqlen_q);
+    a.num_heads_kv = static_cast<int32_t>(p.num_heads_kv), a.head_dim = static_cast<int32_t>(p.head_dim);
+    a.capacity = kv.capacity;
+    a.promised_max = static_cast<int32_t>(std::min<int64_t>(kv.promised_max_seqlen, INT32_MAX));
+    append_kv(a, stream_);
+  }
+  if (p.batch == 0 || p.max_seqlen_q == 0 || p.num_heads == 0) return;
+  DecodeParams d;
+  d.q = p.q, d.out = p.out, d.lse = p.lse;
+  d.q_batch = p.q_strides.batch, d.q_row = p.q_strides.row, d.q_head = p.q_strides.head;
+  d.out_batch = p.out_strides.batch, d.out_row = p.out_strides.row, d.out_head = p.out_strides.head;
+  d.lse_batch = p.lse_strides.batch, d.lse_head = p.lse_strides.head, d.lse_row = p.lse_strides.row;
+  d.cu_seqlens_q = p.is_varlen ? (cu_q_ ? cu_q_->as<int32_t>() : p.cu_seqlens_q) : nullptr;
+  d.k_cache = kv.pages[0].codes, d.v_cache = kv.pages[1].codes;
+  d.k_page = kv.pages[0].page_stride / kes, d.k_row = kv.pages[0].slot_stride / kes, d.k_head = kv.pages[0].head_stride / kes;
+  d.v_page = kv.pages[1].page_stride / kes, d.v_row = kv.pages[1].slot_stride / kes, d.v_head = kv.pages[1].head_stride / kes;
+  d.page_table = table;
+  d.page_table_batch = kv.page_table_stride;
+  d.page_size_log2 = page_log2;
+  d.seqlens = seqlens;
+  d.seqlen_add = static_cast<int32_t>(kv.seqlen_add);
+  d.promised_max = static_cast<int32_t>(std::min<int64_t>(kv.promised_max_seqlen, INT32_MAX));
+  d.capacity = kv.capacity;
+  d.batch = static_cast<int32_t>(p.batch), d.seqlen_q = static_cast<int32_t>(p.max_seqlen_q);
+  d.num_heads = static_cast<int32_t>(p.num_heads), d.num_heads_kv = static_cast<int32_t>(p.num_heads_kv);
+  d.head_dim = static_cast<int32_t>(p.head_dim);
+  d.num_splits = num_splits_;
+  d.rows_per_kv_head = static_cast<int32_t>(p.max_seqlen_q * p.group_size());
+  d.causal = p.causal;
+  d.window_left = p.window_size_left;
+  const core::ScoreScaling sc = core::resolve_scaling(p.softmax_scale, p.softcap);  // one place for every kernel
+  d.softcap = sc.softcap;
+  d.score_scale = sc.score_scale;
+  d.softmax_scale_log2 = sc.softmax_scale_log2;
+  d.o_accum = o_accum_ ? o_accum_->as<float>() : nullptr;
+  d.lse_accum = lse_accum_ ? lse_accum_->as<float>() : nullptr;
+  reinterpret_cast<DecodeLaunch>(ke_->launch)(d, stream_);
+}
+
+// ---- hooks ----------------------------------------------------------------------------------------------------------
+std::unique_ptr<core::DecodeWork> plan_hook(const core::DecodeProblem& p) { return std::make_unique<CudaDecodeWork>(p); }
+
+void append_hook(const core::DecodeProblem& p) {
+  CudaDecodeWork w(p);  // checks: 16-bit pages of the rows' dtype, alignment
+  w.run(p);             // max_seqlen_q rows to append; no queries (num_heads 0)
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(p.stream)), "KV cache append");
+}
+
+void* alloc_hook(size_t bytes, int32_t device) {
+  DeviceGuard guard(device);
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+void free_hook(void* p, int32_t device) {
+  DeviceGuard guard(device);
+  cudaFree(p);
+}
+void copy_hook(void* dst, const void* src, size_t bytes, int kind, int32_t device) {
+  DeviceGuard guard(device);
+  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : (kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
+  check_cuda(cudaMemcpy(dst, src, bytes, k), "KV cache copy");
+}
+void fill_hook(void* p, int value, size_t bytes, int32_t device) {
+  DeviceGuard guard(device);
+  check_cuda(cudaMemset(p, value, bytes), "KV cache fill");
+}
+bool available_hook() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+core::DecodeBackend make_backend() {
+  core::DecodeBackend be;
+  be.plan = &plan_hook;
+  be.append = &append_hook;
+  be.alloc = &alloc_hook;
+  be.free = &free_hook;
+  be.copy = &copy_hook;
+  be.fill = &fill_hook;
+  be.available = &available_hook;
+  be.name = "cuda";
+  return be;
+}
+const core::DecodeBackend kDecodeBackend = make_backend();
+const bool kRegistered = (core::register_decode_backend(Device::cuda, &kDecodeBackend), true);
+
 }  // namespace
+
+bool decode_backend_registered() { return kRegistered; }
 
 int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slots) {
   if (ctas >= static_cast<int64_t>(0.8 * static_cast<double>(cta_slots)) || num_key_blocks <= 4) return 1;
@@ -49,141 +290,6 @@ int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slot
   for (int64_t s = 1; s <= max_splits; ++s)
     if (eff[s] >= 0.85 * best) return static_cast<int32_t>(s);
   return 1;
-}
-
-void decode_attention_cuda(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                           const TensorView* page_table, const TensorView& cache_seqlens, const TensorView* k_new,
-                           const TensorView* v_new, const TensorView& out, const TensorView* lse,
-                           const DecodeOptions& o) {
-  using core::check_dim;
-  core::check_rank_and_layout(q, "q", 4, "[batch, seqlen_q, num_heads, head_dim]");
-  const int64_t batch = q.shape[0], seqlen_q = q.shape[1], num_heads = q.shape[2], head_dim = q.shape[3];
-  if (q.device != Device::cuda) throw TypeError("q", "a cuda tensor", q.describe());
-  if (q.dtype != DType::bfloat16 && q.dtype != DType::float16) throw TypeError("q", "bfloat16 or float16", q.describe());
-  core::check_rank_and_layout(k_cache, "k_cache", 4,
-                              page_table ? "[num_pages, page_size, num_heads_kv, head_dim]"
-                                         : "[batch, capacity, num_heads_kv, head_dim]");
-  core::check_rank_and_layout(v_cache, "v_cache", 4, "like k_cache");
-  const int64_t num_heads_kv = k_cache.shape[2];
-  for (int i = 0; i < 4; ++i) check_dim(v_cache, "v_cache", i, k_cache.shape[i], "size (= k_cache)");
-  check_dim(k_cache, "k_cache", 3, head_dim, "head_dim (= q.shape[3])");
-  if (num_heads_kv == 0 || num_heads % num_heads_kv != 0) {
-    throw Error("k_cache", "num_heads_kv dividing num_heads " + std::to_string(num_heads),
-                std::to_string(num_heads_kv));
-  }
-  if (head_dim == 0 || head_dim > 256 || head_dim % 8 != 0) {
-    throw Error("q", "head_dim in 8..256, a multiple of 8 (decode path)", std::to_string(head_dim));
-  }
-  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}, std::pair{&out, "out"}}) {
-    core::check_dtype(*t, name, q.dtype);
-    core::check_same_device(*t, name, q, "q");
-  }
-  core::check_rank_and_layout(out, "out", 4, "[batch, seqlen_q, num_heads, head_dim]");
-  for (int i = 0; i < 4; ++i) check_dim(out, "out", i, q.shape[i], "size (= q)");
-  core::check_rank_and_layout(cache_seqlens, "cache_seqlens", 1, "[batch]");
-  core::check_dtype(cache_seqlens, "cache_seqlens", DType::int32);
-  core::check_same_device(cache_seqlens, "cache_seqlens", q, "q");
-  check_dim(cache_seqlens, "cache_seqlens", 0, batch, "batch (= q.shape[0])");
-  int64_t page_size = 0, capacity = 0;
-  if (page_table != nullptr) {
-    core::check_rank_and_layout(*page_table, "page_table", 2, "[batch, max_pages_per_sequence]");
-    core::check_dtype(*page_table, "page_table", DType::int32);
-    core::check_same_device(*page_table, "page_table", q, "q");
-    check_dim(*page_table, "page_table", 0, batch, "batch (= q.shape[0])");
-    page_size = k_cache.shape[1];
-    if (page_size < 16 || page_size > 256 || (page_size & (page_size - 1)) != 0) {
-      throw Error("k_cache", "page_size (shape[1]) a power of two in [16, 256]", std::to_string(page_size));
-    }
-    capacity = page_table->shape[1] * page_size;
-  } else {
-    check_dim(k_cache, "k_cache", 0, batch, "batch (= q.shape[0]) for a cache without page_table");
-    capacity = k_cache.shape[1];
-  }
-  if ((k_new == nullptr) != (v_new == nullptr)) throw Error("v_new", "given together with k_new", "only one of them");
-  if (k_new != nullptr) {
-    for (const auto& [t, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}}) {
-      core::check_rank_and_layout(*t, name, 4, "[batch, seqlen_q, num_heads_kv, head_dim]");
-      core::check_dtype(*t, name, q.dtype);
-      core::check_same_device(*t, name, q, "q");
-      check_dim(*t, name, 0, batch, "batch (= q.shape[0])");
-      check_dim(*t, name, 1, seqlen_q, "seqlen (= q.shape[1])");
-      check_dim(*t, name, 2, num_heads_kv, "num_heads_kv (= k_cache.shape[2])");
-      check_dim(*t, name, 3, head_dim, "head_dim (= q.shape[3])");
-    }
-  }
-  if (lse != nullptr) {
-    core::check_rank_and_layout(*lse, "lse", 3, "[batch, num_heads, seqlen_q]");
-    core::check_dtype(*lse, "lse", DType::float32);
-    core::check_same_device(*lse, "lse", q, "q");
-    check_dim(*lse, "lse", 0, batch, "batch"), check_dim(*lse, "lse", 1, num_heads, "num_heads");
-    check_dim(*lse, "lse", 2, seqlen_q, "seqlen_q");
-  }
-  if (o.softcap < 0 || !std::isfinite(o.softcap)) throw Error("softcap", ">= 0 and finite", std::to_string(o.softcap));
-  const float scale = o.softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(head_dim)));
-  if (!(scale > 0) || !std::isfinite(scale)) throw Error("softmax_scale", "> 0 and finite", std::to_string(scale));
-  if (o.num_splits < 0 || o.num_splits > 256) throw Error("num_splits", "0 (auto) .. 256", std::to_string(o.num_splits));
-  check_aligned(q, "q"), check_aligned(out, "out"), check_aligned(k_cache, "k_cache"), check_aligned(v_cache, "v_cache");
-  const KernelEntry& ke = find_kernel(KernelKind::decode, head_dim, q.dtype);
-  if (batch == 0 || seqlen_q == 0 || num_heads == 0) return;
-  if (batch > 65535) throw UnsupportedError("flashkv: CUDA decode supports batch <= 65535");
-
-  DeviceGuard guard(q.device_index);
-  auto st = static_cast<cudaStream_t>(o.stream);
-  DeviceBuffer seqlens(static_cast<size_t>(batch) * 4, st);
-  if (k_new != nullptr) {
-    AppendParams a;
-    a.k_new = static_cast<const uint16_t*>(k_new->data), a.v_new = static_cast<const uint16_t*>(v_new->data);
-    a.kn_batch = k_new->strides[0], a.kn_row = k_new->strides[1], a.kn_head = k_new->strides[2];
-    a.vn_batch = v_new->strides[0], a.vn_row = v_new->strides[1], a.vn_head = v_new->strides[2];
-    a.k_cache = static_cast<uint16_t*>(k_cache.data), a.v_cache = static_cast<uint16_t*>(v_cache.data);
-    a.k_page = k_cache.strides[0], a.k_row = k_cache.strides[1], a.k_head = k_cache.strides[2];
-    a.v_page = v_cache.strides[0], a.v_row = v_cache.strides[1], a.v_head = v_cache.strides[2];
-    a.page_table = page_table ? static_cast<const int32_t*>(page_table->data) : nullptr;
-    a.page_table_batch = page_table ? page_table->strides[0] : 0;
-    a.page_size_log2 = page_size ? static_cast<int32_t>(std::log2(static_cast<double>(page_size))) : 0;
-    a.cache_seqlens = static_cast<const int32_t*>(cache_seqlens.data);
-    a.batch = static_cast<int32_t>(batch), a.seqlen_new = static_cast<int32_t>(seqlen_q);
-    a.num_heads_kv = static_cast<int32_t>(num_heads_kv), a.head_dim = static_cast<int32_t>(head_dim);
-    a.capacity = capacity;
-    append_kv(a, st);
-  }
-  effective_seqlens(static_cast<const int32_t*>(cache_seqlens.data), k_new ? static_cast<int32_t>(seqlen_q) : 0,
-                    capacity, seqlens.as<int32_t>(), static_cast<int>(batch), st);
-
-  DecodeParams p;
-  p.q = q.data, p.k_cache = k_cache.data, p.v_cache = v_cache.data, p.out = out.data;
-  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  p.q_s = {q.strides[0], q.strides[1], q.strides[2]};
-  p.out_s = {out.strides[0], out.strides[1], out.strides[2]};
-  p.k_page = k_cache.strides[0], p.k_row = k_cache.strides[1], p.k_head = k_cache.strides[2];
-  p.v_page = v_cache.strides[0], p.v_row = v_cache.strides[1], p.v_head = v_cache.strides[2];
-  if (lse) p.lse_batch = lse->strides[0], p.lse_head = lse->strides[1], p.lse_row = lse->strides[2];
-  p.page_table = page_table ? static_cast<const int32_t*>(page_table->data) : nullptr;
-  p.page_table_batch = page_table ? page_table->strides[0] : 0;
-  p.seqlens_k = seqlens.as<int32_t>();
-  p.page_size_log2 = page_size ? static_cast<int32_t>(std::log2(static_cast<double>(page_size))) : 0;
-  p.batch = static_cast<int32_t>(batch), p.seqlen_q = static_cast<int32_t>(seqlen_q);
-  p.num_heads = static_cast<int32_t>(num_heads), p.num_heads_kv = static_cast<int32_t>(num_heads_kv);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.max_seqlen_k = static_cast<int32_t>(std::min<int64_t>(capacity, INT32_MAX));
-  p.rows_per_kv_head = static_cast<int32_t>(seqlen_q * (num_heads / num_heads_kv));
-  p.causal = o.causal;
-  p.softcap = o.softcap > 0;
-  p.score_scale = p.softcap ? scale / o.softcap : 1.f;
-  p.softmax_scale_log2 = (p.softcap ? o.softcap : scale) * 1.4426950408889634f;
-  const int64_t row_tiles = (p.rows_per_kv_head + 15) / 16;
-  const int64_t max_k = o.max_seqlen_k > 0 ? std::min<int64_t>(o.max_seqlen_k + (k_new ? seqlen_q : 0), capacity)
-                                           : capacity;
-  const int64_t key_blocks = (max_k + kDecodeBlockN - 1) / kDecodeBlockN;
-  p.num_splits = o.num_splits > 0 ? o.num_splits
-                                  : decode_num_splits(batch * num_heads_kv * row_tiles, key_blocks,
-                                                      static_cast<int64_t>(num_sms()) * kCtasPerSm);
-  if (num_heads_kv * row_tiles > 65535) throw UnsupportedError("flashkv: CUDA decode: too many kv heads x row tiles");
-  const int64_t acc_rows = p.num_splits > 1 ? static_cast<int64_t>(p.num_splits) * batch * num_heads * seqlen_q : 0;
-  DeviceBuffer o_accum(static_cast<size_t>(acc_rows * ke.head_dim) * 4, st), lse_accum(static_cast<size_t>(acc_rows) * 4, st);
-  p.o_accum = o_accum.as<float>();
-  p.lse_accum = lse_accum.as<float>();
-  reinterpret_cast<DecodeLaunch>(ke.launch)(p, st);
 }
 
 }  // namespace flashkv::cuda

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes one small .cu per (kernel kind, head_dim, dtype, arch) instantiation of the CUDA backend, named for all four
-(fwd_hdim128_bf16_sm90.cu), plus kernel_table.cu that lists them with their arch (src/cuda/kernels.hpp). Each file
+(fwd_hdim128_bf16_sm90.cu, fwd_hdim128_bf16_sm90ws.cu), plus kernel_table.cu that lists them with their arch (src/cuda/kernels.hpp). Each file
 includes only its own family's launcher. Run by CMake at configure time into the build tree; files are rewritten only
 when their content changes, so re-configuring does not trigger rebuilds.
 
@@ -15,13 +15,15 @@ import argparse
 import os
 import sys
 
-# head_dim: families whose fwd/bwd kernels are compiled for it (fwd_v1 and decode exist as sm80 only).
+# head_dim: families whose fwd/bwd kernels are compiled for it (fwd_v1 and decode exist as sm80 only; a family
+# without a launcher for a kind, e.g. sm90ws for bwd, is skipped).
+# sm90ws (TMA warp-specialized, forward only) needs head dims that are multiples of 64 (common/tile_size.hpp).
 HEAD_DIMS = {
-    64: ("sm80", "sm90"),
+    64: ("sm80", "sm90", "sm90ws"),
     96: ("sm80",),
-    128: ("sm80", "sm90"),
+    128: ("sm80", "sm90", "sm90ws"),
     192: ("sm80",),
-    256: ("sm80", "sm90"),
+    256: ("sm80", "sm90", "sm90ws"),
 }
 DTYPES = {"bf16": ("__nv_bfloat16", "DType::bfloat16"), "fp16": ("__half", "DType::float16")}
 # kind: KernelKind enumerator, params type, and per arch (launcher, header, shared-memory function or None)
@@ -29,6 +31,7 @@ KINDS = {
     "fwd": ("fwd", "FwdParams", {
         "sm80": ("run_fwd_sm80", "cuda/sm80/fwd_launch.cuh", None),
         "sm90": ("run_fwd_sm90", "cuda/sm90/fwd_launch.cuh", "fwd_smem_bytes_sm90"),
+        "sm90ws": ("run_fwd_sm90ws", "cuda/sm90/fwd_tma_ws_launch.cuh", "fwd_smem_bytes_sm90ws"),
     }),
     "bwd": ("bwd", "BwdParams", {
         "sm80": ("run_bwd_sm80", "cuda/sm80/bwd_launch.cuh", None),

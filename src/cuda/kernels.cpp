@@ -6,8 +6,11 @@
 #include <cstring>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "cuda/check.hpp"
+#include "cuda/common/tile_size.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"
 
@@ -23,7 +26,14 @@ const char* kernel_kind_name(KernelKind k) {
   return "?";
 }
 
-const char* kernel_arch_name(KernelArch a) { return a == KernelArch::sm90 ? "sm90" : "sm80"; }
+const char* kernel_arch_name(KernelArch a) {
+  switch (a) {
+    case KernelArch::sm80: return "sm80";
+    case KernelArch::sm90: return "sm90";
+    case KernelArch::sm90ws: return "sm90ws";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -90,37 +100,41 @@ bool device_runs_sm90() {
   return c == 1;
 }
 
-const KernelEntry& select_kernel(KernelKind kind, KernelFamily family, int64_t head_dim, DType dtype) {
-  if (family == KernelFamily::sm80 || (family == KernelFamily::automatic && kind != KernelKind::fwd &&
-                                       kind != KernelKind::bwd)) {
-    return find_kernel(kind, head_dim, dtype);
-  }
-  if (family == KernelFamily::automatic) {
-    const KernelEntry& base = find_kernel(kind, head_dim, dtype);
-    if (sm80_only_default() || !device_runs_sm90()) return base;
-    const KernelEntry* e = lookup(kind, KernelArch::sm90, base.head_dim, dtype, true);
-    if (e != nullptr && e->smem_bytes() <= max_smem_per_block()) return *e;
-    return base;
-  }
-  // Explicit sm90.
-  if (kind != KernelKind::fwd && kind != KernelKind::bwd) {
-    throw UnsupportedError(std::string("flashkv: kernel_family 'sm90' has no ") + kernel_kind_name(kind) +
-                           " kernel (it exists as sm80 only; use kernel_family 'auto' or 'sm80')");
+namespace {
+
+/// The compiled entry of exactly (kind, arch, head_dim, dtype) if the device's shared memory holds it.
+const KernelEntry* fitting(KernelKind kind, KernelArch arch, int64_t head_dim, DType dtype) {
+  const KernelEntry* e = lookup(kind, arch, head_dim, dtype, true);
+  return e != nullptr && e->smem_bytes() <= max_smem_per_block() ? e : nullptr;
+}
+
+/// An explicit Hopper family (sm90 / sm90ws): its smallest compiled head dim >= head_dim, or UnsupportedError.
+const KernelEntry& select_hopper(KernelKind kind, KernelArch arch, int64_t head_dim, DType dtype) {
+  const std::string fam = kernel_arch_name(arch);
+  const bool has_kind = kind == KernelKind::fwd || (kind == KernelKind::bwd && arch == KernelArch::sm90);
+  if (!has_kind) {
+    throw UnsupportedError("flashkv: kernel_family '" + fam + "' has no " + kernel_kind_name(kind) + " kernel (" +
+                           (arch == KernelArch::sm90ws ? std::string("it is a forward-only family; use 'auto', "
+                                                                     "'sm90' or 'sm80' for this call")
+                                                       : std::string("it exists as sm80 only; use kernel_family "
+                                                                     "'auto' or 'sm80'")) +
+                           ")");
   }
   if (!sm90_kernels_compiled()) {
-    throw UnsupportedError(
-        "flashkv: kernel_family 'sm90' is not available: this build carries no sm_90a code (configure with "
-        "CMAKE_CUDA_ARCHITECTURES containing 90a and no plain 90, as the cuda preset does)");
+    throw UnsupportedError("flashkv: kernel_family '" + fam +
+                           "' is not available: this build carries no sm_90a code (configure with "
+                           "CMAKE_CUDA_ARCHITECTURES containing 90a and no plain 90, as the cuda preset does)");
   }
   const int dev = current_device();
   if (!device_runs_sm90()) {
-    throw UnsupportedError("flashkv: kernel_family 'sm90' needs a Hopper GPU (compute capability 9.0) running this "
-                           "build's sm_90a code; " + device_name_cc(dev));
+    throw UnsupportedError("flashkv: kernel_family '" + fam +
+                           "' needs a Hopper GPU (compute capability 9.0) running this build's sm_90a code; " +
+                           device_name_cc(dev));
   }
-  const KernelEntry* e = lookup(kind, KernelArch::sm90, head_dim, dtype, false);
-  if (e == nullptr) not_compiled(kind, "sm90 ", head_dim, dtype);
+  const KernelEntry* e = lookup(kind, arch, head_dim, dtype, false);
+  if (e == nullptr) not_compiled(kind, (fam + " ").c_str(), head_dim, dtype);
   if (e->smem_bytes() > max_smem_per_block()) {
-    throw UnsupportedError("flashkv: kernel_family 'sm90' " + std::string(kernel_kind_name(kind)) +
+    throw UnsupportedError("flashkv: kernel_family '" + fam + "' " + std::string(kernel_kind_name(kind)) +
                            " kernel for head_dim " + std::to_string(e->head_dim) + " needs " +
                            std::to_string(e->smem_bytes()) + " bytes of shared memory per block; " +
                            device_name_cc(dev) + " allows " + std::to_string(max_smem_per_block()));
@@ -128,16 +142,36 @@ const KernelEntry& select_kernel(KernelKind kind, KernelFamily family, int64_t h
   return *e;
 }
 
+}  // namespace
+
+const KernelEntry& select_kernel(KernelKind kind, KernelFamily family, int64_t head_dim, DType dtype,
+                                 const CallShape& shape) {
+  switch (family) {
+    case KernelFamily::sm80: return find_kernel(kind, head_dim, dtype);
+    case KernelFamily::sm90: return select_hopper(kind, KernelArch::sm90, head_dim, dtype);
+    case KernelFamily::sm90ws: return select_hopper(kind, KernelArch::sm90ws, head_dim, dtype);
+    case KernelFamily::automatic: break;
+  }
+  const KernelEntry& base = find_kernel(kind, head_dim, dtype);
+  if ((kind != KernelKind::fwd && kind != KernelKind::bwd) || sm80_only_default() || !device_runs_sm90()) return base;
+  if (kind == KernelKind::fwd && sm90ws_preferred(base.head_dim, shape.seqlen_k, shape.masked, shape.varlen, shape.softcap)) {
+    if (const KernelEntry* e = fitting(kind, KernelArch::sm90ws, base.head_dim, dtype)) return *e;
+  }
+  if (const KernelEntry* e = fitting(kind, KernelArch::sm90, base.head_dim, dtype)) return *e;
+  return base;
+}
+
 std::string compiled_kernels() {
   std::ostringstream out;
   bool first_kind = true;
   for (KernelKind k : {KernelKind::fwd, KernelKind::bwd, KernelKind::decode, KernelKind::fwd_v1}) {
-    std::set<int> dims, dims90;
+    std::set<int> dims, dims90, dims90ws;
     std::set<std::string> types;
     for (int i = 0; i < kKernelTableSize; ++i) {
-      if (kKernelTable[i].kind != k) continue;
-      (kKernelTable[i].arch == KernelArch::sm90 ? dims90 : dims).insert(kKernelTable[i].head_dim);
-      types.insert(dtype_name(kKernelTable[i].dtype));
+      const KernelEntry& e = kKernelTable[i];
+      if (e.kind != k) continue;
+      (e.arch == KernelArch::sm90 ? dims90 : e.arch == KernelArch::sm90ws ? dims90ws : dims).insert(e.head_dim);
+      types.insert(dtype_name(e.dtype));
     }
     if (dims.empty()) continue;
     out << (first_kind ? "" : "; ") << kernel_kind_name(k) << " head_dim ";
@@ -147,10 +181,15 @@ std::string compiled_kernels() {
     out << " x ";
     first = true;
     for (const auto& t : types) out << (first ? "" : "/") << t, first = false;
-    if (!dims90.empty()) {
-      out << " (sm80; sm90 ";
-      first = true;
-      for (int d : dims90) out << (first ? "" : "/") << d, first = false;
+    if (!dims90.empty() || !dims90ws.empty()) {
+      out << " (sm80";
+      for (const auto& [name, ds] : {std::pair<const char*, const std::set<int>*>{"sm90", &dims90},
+                                     std::pair<const char*, const std::set<int>*>{"sm90ws", &dims90ws}}) {
+        if (ds->empty()) continue;
+        out << "; " << name << " ";
+        first = true;
+        for (int d : *ds) out << (first ? "" : "/") << d, first = false;
+      }
       out << ")";
     }
   }

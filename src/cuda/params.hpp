@@ -28,6 +28,7 @@ struct FwdParams {
   const int32_t* cu_seqlens_k = nullptr;
   int32_t batch = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
   int32_t seqlen_q = 0, seqlen_k = 0;  ///< fixed-length sizes; varlen: max_seqlen_q/k (grid bounds)
+  int64_t total_q = 0, total_k = 0;    ///< rows of the packed q / k tensors (varlen; batch * seqlen otherwise)
 
   int32_t window_left = -1, window_right = -1;
   float softmax_scale = 1.f;
@@ -59,44 +60,18 @@ struct BwdParams : FwdParams {
   int32_t* dq_semaphore = nullptr;  ///< deterministic mode: [batch, num_heads, num_m_blocks] turn counters
   int32_t head_dim_rounded = 0;
   int32_t num_m_blocks = 0;
-  int64_t total_q = 0;
-  int64_t total_k = 0;
   bool deterministic = false;
 };
 
-/// Split-KV decode over a paged cache (flash-decoding). The cache is [num_pages, page_size, num_heads_kv, head_dim]
-/// (strides page/row/head); page_table is [batch, max_pages] int32; when page_table == nullptr the cache is contiguous
-/// [batch, seqlen, num_heads_kv, head_dim] with page_stride used as the batch stride.
-struct DecodeParams {
-  const void* q = nullptr;  ///< [batch, seqlen_q, num_heads, head_dim]
-  const void* k_cache = nullptr;
-  const void* v_cache = nullptr;
-  void* out = nullptr;      ///< [batch, seqlen_q, num_heads, head_dim]
-  float* lse = nullptr;     ///< optional [batch, num_heads, seqlen_q]
-  TensorStrides q_s, out_s;
-  int64_t k_page = 0, k_row = 0, k_head = 0;
-  int64_t v_page = 0, v_row = 0, v_head = 0;
-  int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
-  const int32_t* page_table = nullptr;
-  int64_t page_table_batch = 0;
-  const int32_t* seqlens_k = nullptr;  ///< [batch] tokens in the cache per sequence (after any append)
-  int32_t page_size_log2 = 0;
-  int32_t batch = 0, seqlen_q = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
-  int32_t max_seqlen_k = 0;
-  int32_t num_splits = 1;
-  int32_t rows_per_kv_head = 0;  ///< seqlen_q * (num_heads / num_heads_kv): query rows packed per kv head (PackGQA)
-  bool causal = false;           ///< bottom-right aligned over seqlen_q new tokens
-  float score_scale = 1.f, softmax_scale_log2 = 1.f;
-  bool softcap = false;
-  float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
-  float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
-};
-
-/// What a launcher ran, for the path report (core::record_path): the tile configuration (kBlockM x kBlockN, warps) and
-/// whether it is the small-shared-memory fallback of its table entry (common/tile_size.hpp).
+/// What a launcher ran, for the path report (core::record_path): the tile configuration (kBlockM x kBlockN, warps),
+/// whether it is the small-shared-memory fallback of its table entry (common/tile_size.hpp) and the tile schedule.
 struct LaunchInfo {
   int block_m = 0, block_n = 0, warps = 0;
   bool small_smem = false;
+  const char* schedule = nullptr;  ///< tile schedule when it is not one tile per CTA ("persistent"), else nullptr
 };
 
 }  // namespace flashkv::cuda
+
+// Split-KV decode parameters: src/cuda/decode_params.hpp (owned by the KV-cache / decode code).
+#include "cuda/decode_params.hpp"

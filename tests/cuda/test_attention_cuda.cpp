@@ -1,5 +1,5 @@
-// CUDA forward/backward vs the float64 reference (tolerance: 2x / 3x the naive same-precision error), on the
-// foundation's grid: head dims incl. 59 and 111 (padded), seqlen pairs (1,1), (113,203), (203,113), (1023,1024),
+// CUDA forward/backward vs the float64 reference (tolerance: 2x / 3x the naive same-precision error) for each kernel
+// family (Cuda*: auto, Cuda*Sm80: sm80, CudaForwardSm90ws: sm90ws), on the foundation's grid: head dims incl. 59 and 111 (padded), seqlen pairs (1,1), (113,203), (203,113), (1023,1024),
 // (2048,2048), causal, sliding window, softcap, MHA/GQA/MQA, varlen with empty sequences, strided (padded-copy) inputs,
 // deterministic backward (bit-identical), and the typed errors. FLASHKV_FULL_TESTS=1 runs the full cross product.
 #include <gtest/gtest.h>
@@ -260,16 +260,17 @@ std::string forward_path(const Case& c) {
   return core::last_path();
 }
 
-// The family is decided once per call from the device and the build: on Hopper, with a build that carries sm_90a
-// code, `auto` must really take the sm90 kernels (else the Cuda* suites would test the sm80 kernels twice) for the
-// head dims that have them, and `sm80` must take the mma.sync ones; a family that cannot run is an UnsupportedError
-// naming it.
+// The family is decided once per call from the device, the build and the call's shape: on Hopper, with a build that
+// carries sm_90a code, `auto` must really take the Hopper kernels (else the Cuda* suites would test the sm80 kernels
+// twice) for the head dims that have them — sm90ws for the forwards of common/tile_size.hpp sm90ws_preferred, sm90
+// for the others — and `sm80` must take the mma.sync ones; a family that cannot run is an UnsupportedError naming it.
 TEST(CudaKernels, FamilyIsDecidedOncePerCall) {
   const bool hopper = is_hopper();
   const bool sm90 = hopper && cuda::sm90_kernels_compiled();
   std::printf("  %s, sm90 kernels compiled: %d, runs sm90: %d\n", hopper ? "Hopper" : "not Hopper",
               static_cast<int>(cuda::sm90_kernels_compiled()), static_cast<int>(cuda::device_runs_sm90()));
   EXPECT_EQ(cuda::device_runs_sm90(), sm90);
+  const bool hopper_auto = sm90 && !sm80_only_env();
   for (int d : {64, 128, 256, 96}) {
     Case c;
     c.head_dim = d, c.batch = 1, c.heads = c.heads_kv = 2, c.seqlen_q = c.seqlen_k = 70;
@@ -277,32 +278,63 @@ TEST(CudaKernels, FamilyIsDecidedOncePerCall) {
       const std::string a = forward_path(c);
       // generate_instantiations.py HEAD_DIMS: 96 and 192 are sm80 only (a head dim that is not compiled runs padded)
       const bool has90 = !contains(a, "hdim96 ") && !contains(a, "hdim192 ");
-      EXPECT_TRUE(contains(a, (sm90 && has90 && !sm80_only_env()) ? " sm90 fwd " : " sm80 fwd ")) << a;
+      // seqlen 70 without a mask: sm90ws for head dims >= 128, sm90 for 64 (measured: bench/results/h200-v3-*).
+      // (96 reaches sm90ws only when it is not compiled as sm80 and runs padded on 128.)
+      const char* want = !(hopper_auto && has90) ? " sm80 fwd " : (d >= 96 ? " sm90ws fwd " : " sm90 fwd ");
+      EXPECT_TRUE(contains(a, want)) << a;
       c.family = KernelFamily::sm80;
       const std::string b = forward_path(c);
       EXPECT_TRUE(contains(b, " sm80 fwd hdim")) << b;
-      c.family = KernelFamily::sm90;
-      if (sm90) {  // a head dim without an sm90 kernel of its own runs padded on the next larger one (64/128/256)
-        EXPECT_TRUE(contains(forward_path(c), " sm90 fwd hdim")) << core::last_path();
-      } else {
-        try {
-          forward_path(c);
-          ADD_FAILURE() << "expected UnsupportedError for kernel_family sm90, head_dim " << d;
-        } catch (const UnsupportedError& e) {
-          EXPECT_TRUE(contains(e.what(), "sm90")) << e.what();
+      for (KernelFamily f : {KernelFamily::sm90, KernelFamily::sm90ws}) {
+        c.family = f;
+        const std::string name = std::string(" ") + kernel_family_name(f) + " fwd hdim";
+        if (sm90) {  // a head dim without a kernel of its own in the family runs padded on the next larger one
+          EXPECT_TRUE(contains(forward_path(c), name)) << core::last_path();
+        } else {
+          try {
+            forward_path(c);
+            ADD_FAILURE() << "expected UnsupportedError for kernel_family " << kernel_family_name(f) << ", head_dim "
+                          << d;
+          } catch (const UnsupportedError& e) {
+            EXPECT_TRUE(contains(e.what(), std::string("'") + kernel_family_name(f) + "'")) << e.what();
+          }
         }
       }
     } catch (const UnsupportedError& e) {
       std::printf("  [not compiled] %s\n", e.what());
     }
   }
-  Case v;
-  v.algorithm = Algorithm::v1_order, v.family = KernelFamily::sm90;
-  try {
-    forward_path(v);
-    ADD_FAILURE() << "expected UnsupportedError for v1_order with kernel_family sm90";
-  } catch (const UnsupportedError& e) {
-    EXPECT_TRUE(contains(e.what(), "sm90")) << e.what();
+  // The shape part of `auto` (forward): causal hd128 at seqlen 70 stays sm90; hd256 takes sm90ws under a mask too;
+  // seqlen_k >= 2048 takes sm90ws at hd64 (causal); softcap (not measured on sm90ws) stays sm90.
+  if (hopper_auto) {
+    struct Want {
+      int d, s;
+      bool causal;
+      float softcap;
+      const char* family;
+    };
+    for (const Want& w : {Want{128, 70, true, 0.f, " sm90 fwd "}, Want{256, 70, true, 0.f, " sm90ws fwd "},
+                          Want{64, 2048, true, 0.f, " sm90ws fwd "}, Want{64, 1024, false, 0.f, " sm90 fwd "},
+                          Want{256, 70, false, 20.f, " sm90 fwd "}}) {
+      Case c;
+      c.head_dim = w.d, c.batch = 1, c.heads = c.heads_kv = 1, c.seqlen_q = c.seqlen_k = w.s, c.causal = w.causal;
+      c.softcap = w.softcap;
+      try {
+        EXPECT_TRUE(contains(forward_path(c), w.family)) << core::last_path();
+      } catch (const UnsupportedError& e) {
+        std::printf("  [not compiled] %s\n", e.what());
+      }
+    }
+  }
+  for (KernelFamily f : {KernelFamily::sm90, KernelFamily::sm90ws}) {
+    Case v;
+    v.algorithm = Algorithm::v1_order, v.family = f;
+    try {
+      forward_path(v);
+      ADD_FAILURE() << "expected UnsupportedError for v1_order with kernel_family " << kernel_family_name(f);
+    } catch (const UnsupportedError& e) {
+      EXPECT_TRUE(contains(e.what(), kernel_family_name(f))) << e.what();
+    }
   }
 }
 
@@ -355,6 +387,31 @@ TEST(CudaForwardSm80, GridVsFloat64Reference) {
   FamilyScope only(KernelFamily::sm80);
   forward_grid();
 }
+/// The sm90ws (TMA warp-specialized) suites: skipped where the device does not run this build's sm_90a code (the
+/// explicit family is then an UnsupportedError: CudaKernels.FamilyIsDecidedOncePerCall).
+#define FLASHKV_REQUIRE_SM90WS()                                                        \
+  if (!cuda::device_runs_sm90()) GTEST_SKIP() << "no Hopper GPU running sm_90a code"; \
+  FamilyScope only(KernelFamily::sm90ws)
+// The same with the sm90ws kernels (kernel_family = sm90ws), which `auto` takes only for some shapes; head dims
+// without a kernel of their own (59, 96, 111, 192) run padded on 64/128/256.
+TEST(CudaForwardSm90ws, GridVsFloat64Reference) {
+  FLASHKV_REQUIRE_SM90WS();
+  forward_grid();
+}
+// Persistent CTAs (more tiles than SMs, no mask) carry their K/V rings and Q buffer from tile to tile; tiles without
+// keys (seqlen_k = 0) load Q only and store zeros (lse -inf), also many of them on one CTA.
+TEST(CudaForwardSm90ws, PersistentTilesAndEmptyKeys) {
+  FLASHKV_REQUIRE_SM90WS();
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    Case c;
+    c.dtype = t, c.batch = 4, c.seqlen_q = 1100, c.seqlen_k = 700, c.heads = 16, c.heads_kv = 4, c.head_dim = 128;
+    check_forward(c);
+    EXPECT_TRUE(contains(core::last_path(), " sm90ws fwd ") && contains(core::last_path(), " persistent"))
+        << core::last_path();
+    c.head_dim = 64, c.seqlen_k = 0, c.batch = 16;
+    check_forward(c);
+  }
+}
 
 void forward_varlen() {
   for (DType t : {DType::bfloat16, DType::float16}) {
@@ -376,13 +433,22 @@ TEST(CudaForwardSm80, VarlenWithEmptySequences) {
   FamilyScope only(KernelFamily::sm80);
   forward_varlen();
 }
+TEST(CudaForwardSm90ws, VarlenWithEmptySequences) {
+  FLASHKV_REQUIRE_SM90WS();
+  forward_varlen();
+}
 
-TEST(CudaForward, StridedInputsUsePaddedCopy) {
+void forward_strided() {
   Case c;
   c.strided = true, c.head_dim = 64, c.causal = true, c.heads = 4, c.heads_kv = 2;
   check_forward(c);
   c.dtype = DType::float16, c.softcap = 20.f;
   check_forward(c);
+}
+TEST(CudaForward, StridedInputsUsePaddedCopy) { forward_strided(); }
+TEST(CudaForwardSm90ws, StridedInputsUsePaddedCopy) {
+  FLASHKV_REQUIRE_SM90WS();
+  forward_strided();
 }
 
 TEST(CudaForward, V1LoopOrderMatchesReference) {
@@ -460,6 +526,25 @@ BwdResult run_backward(const Case& c, const CaseData& r, DeviceRun& d, const Hos
   cuda::attention_backward_cuda(pr, nullptr);
   return {dq.download<uint16_t>(dq.bytes / 2), dk.download<uint16_t>(dk.bytes / 2),
           dv.download<uint16_t>(dv.bytes / 2)};
+}
+
+// sm90ws is forward-only: a backward that asks for it is an UnsupportedError saying so, on every GPU.
+TEST(CudaKernels, Sm90wsIsForwardOnly) {
+  Case b;
+  b.family = KernelFamily::sm90ws;
+  std::mt19937_64 rng(9);
+  const CaseData r = make_run(b, rng);
+  DeviceRun d(b, r);
+  b.family = KernelFamily::automatic;
+  cuda::attention_forward_cuda(d.forward_problem(b), nullptr);
+  b.family = KernelFamily::sm90ws;
+  const HostTensor dout = random_pitched(r.ref.total_q(), b.heads, b.head_dim, r.pitch, b.dtype, rng);
+  try {
+    run_backward(b, r, d, dout);
+    ADD_FAILURE() << "expected UnsupportedError for a backward with kernel_family sm90ws";
+  } catch (const UnsupportedError& e) {
+    EXPECT_TRUE(contains(e.what(), "'sm90ws'") && contains(e.what(), "forward-only")) << e.what();
+  }
 }
 
 void check_backward(const Case& c) {

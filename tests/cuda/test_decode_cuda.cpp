@@ -1,198 +1,311 @@
-// CUDA split-KV paged decode vs the float64 reference over the same pages (gathered), incl. appending new K/V,
-// GQA packing, page sizes 16..256, a contiguous cache, num_splits 1 vs auto vs forced, and the typed errors.
+// CUDA decode (label gpu): flashkv::paged_decode over 16-bit cache tensors against the float64 reference (the shared
+// cases of tests/kvcache/paged_decode_case.hpp: GQA, page sizes 16..256, contiguous, append, softcap, window, splits
+// 1 / auto / 7), the capacity errors of issue 10 item 1 (nothing written or launched; a broken max_seqlen_k promise
+// gives NaN for that sequence only), the non-finite contract (NaN splits propagate, masked keys exactly absent), and
+// device-resident PagedKVCaches: filled on the device or on the host, copied between them, decoded on either, plans
+// reused across layers, varlen (chunked prefill) queries, the recorded kernel path.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/decode_cuda.hpp"
 #include "cuda_test_util.hpp"
+#include "flashkv/diagnostics.hpp"
 #include "flashkv/error.hpp"
+#include "flashkv/kvcache.hpp"
+#include "kvcache/paged_decode_case.hpp"
 
 namespace flashkv::cudatest {
 namespace {
 
-struct DecodeCase {
-  DType dtype = DType::bfloat16;
-  int batch = 3, seqlen_q = 1, heads = 32, heads_kv = 8, head_dim = 128;
-  int page_size = 64;  ///< 0 = contiguous cache
-  int max_pages = 20;
-  bool append = true;
-  float softcap = 0;
-  std::string name() const {
-    return std::string(dtype_name(dtype)) + " b=" + std::to_string(batch) + " sq=" + std::to_string(seqlen_q) +
-           " h=" + std::to_string(heads) + "/" + std::to_string(heads_kv) + " d=" + std::to_string(head_dim) +
-           " page=" + std::to_string(page_size) + (append ? " append" : "") +
-           (softcap > 0 ? " softcap" : "");
+using decodetest::check_decode;
+using decodetest::DecodeCase;
+using decodetest::expect_error;
+
+struct CudaMemory final : decodetest::Memory {
+  std::vector<void*> blocks;
+  CudaMemory() { EXPECT_TRUE(cuda::decode_backend_registered()); }
+  ~CudaMemory() override {
+    for (void* p : blocks) cudaFree(p);
+  }
+  Device device() const override { return Device::cuda; }
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    cuda_ok(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
+    blocks.push_back(p);
+    return p;
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    cuda_ok(cudaDeviceSynchronize(), "kernel");
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download");
   }
 };
-
-struct DecodeResult {
-  std::vector<double> out;
-  std::vector<float> lse;
-};
-
-void check_decode(const DecodeCase& c) {
-  SCOPED_TRACE(c.name());
-  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name()));
-  const int D = c.head_dim, Hk = c.heads_kv, H = c.heads, B = c.batch, S = c.seqlen_q;
-  const bool paged = c.page_size > 0;
-  const int tokens_per_seq = paged ? c.max_pages * c.page_size : c.max_pages * 64;  // capacity
-  const int num_pages = paged ? B * c.max_pages + 3 : 0;
-  // Sequence lengths already in the cache: 0, a page boundary, and random (room left for the append).
-  std::vector<int32_t> lens(B);
-  for (int b = 0; b < B; ++b) {
-    const int room = tokens_per_seq - (c.append ? S : 0);
-    lens[b] = b == 0 ? 0 : (b == 1 ? std::min(room, (paged ? c.page_size : 64) * 3) : static_cast<int>(rng() % room));
-  }
-  // Page table: a random permutation of the pages.
-  std::vector<int32_t> perm(std::max(num_pages, 1));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> table(static_cast<size_t>(B) * c.max_pages);
-  for (size_t i = 0; i < table.size(); ++i) table[i] = paged ? perm[i] : 0;
-  const size_t cache_elems = paged ? static_cast<size_t>(num_pages) * c.page_size * Hk * D
-                                   : static_cast<size_t>(B) * tokens_per_seq * Hk * D;
-  HostTensor kc = random_tensor(cache_elems, c.dtype, rng), vc = random_tensor(cache_elems, c.dtype, rng);
-  HostTensor q = random_tensor(static_cast<size_t>(B) * S * H * D, c.dtype, rng);
-  HostTensor kn = random_tensor(static_cast<size_t>(B) * S * Hk * D, c.dtype, rng);
-  HostTensor vn = random_tensor(kn.bits.size(), c.dtype, rng);
-  auto cache_index = [&](int b, int j) -> size_t {  // element offset of token j of sequence b
-    if (!paged) return (static_cast<size_t>(b) * tokens_per_seq + j) * Hk * D;
-    return (static_cast<size_t>(table[b * c.max_pages + j / c.page_size]) * c.page_size + j % c.page_size) * Hk * D;
-  };
-  // Reference: gather every sequence (cache then appended tokens) into packed rows.
-  RefVarlenShape rp;
-  rp.num_heads = H, rp.num_heads_kv = Hk, rp.head_dim = rp.head_dim_v = D;
-  RefOptions ro;
-  ro.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-  ro.causal = true;  // bottom-right: query i of S sees the cache and the new tokens up to its own
-  ro.softcap = c.softcap;
-  rp.cu_seqlens_q = {0}, rp.cu_seqlens_k = {0};
-  std::vector<double> kref, vref;
-  for (int b = 0; b < B; ++b) {
-    const int sk = lens[b] + (c.append ? S : 0);
-    rp.cu_seqlens_q.push_back(rp.cu_seqlens_q.back() + S);
-    rp.cu_seqlens_k.push_back(rp.cu_seqlens_k.back() + sk);
-    for (int j = 0; j < sk; ++j) {
-      for (int e = 0; e < Hk * D; ++e) {
-        if (j < lens[b]) {
-          kref.push_back(kc.val[cache_index(b, j) + e]);
-          vref.push_back(vc.val[cache_index(b, j) + e]);
-        } else {
-          kref.push_back(kn.val[(static_cast<size_t>(b) * S + (j - lens[b])) * Hk * D + e]);
-          vref.push_back(vn.val[(static_cast<size_t>(b) * S + (j - lens[b])) * Hk * D + e]);
-        }
-      }
-    }
-  }
-  struct {
-    std::vector<double> out, lse;  // out [B·S, H, D], lse [H, B·S]
-  } ref, naive;
-  reference_forward_varlen(rp, ro, q.val, kref, vref, ref.out, ref.lse, no_rounding());
-  reference_forward_varlen(rp, ro, q.val, kref, vref, naive.out, naive.lse, rounding_to(c.dtype));
-  const double naive_err = max_abs_diff(naive.out, ref.out);
-  const double naive_lse_err = max_abs_diff(naive.lse, ref.lse);  // rows with no key: -inf in both
-
-  auto run = [&](int num_splits, bool check_append) -> DecodeResult {
-    DevBuf dq(q.bits.size() * 2), dkc(kc.bits.size() * 2), dvc(vc.bits.size() * 2), dkn(kn.bits.size() * 2),
-        dvn(vn.bits.size() * 2), dout(q.bits.size() * 2), dlse(static_cast<size_t>(B) * H * S * 4),
-        dtab(table.size() * 4), dlens(lens.size() * 4);
-    dq.upload(q.bits), dkc.upload(kc.bits), dvc.upload(vc.bits), dkn.upload(kn.bits), dvn.upload(vn.bits);
-    dtab.upload(table), dlens.upload(lens);
-    dout.poison(), dlse.poison();
-    const TensorView qv = dev_view(dq, c.dtype, {B, S, H, D});
-    const TensorView kcv = paged ? dev_view(dkc, c.dtype, {num_pages, c.page_size, Hk, D})
-                                 : dev_view(dkc, c.dtype, {B, tokens_per_seq, Hk, D});
-    const TensorView vcv = paged ? dev_view(dvc, c.dtype, {num_pages, c.page_size, Hk, D})
-                                 : dev_view(dvc, c.dtype, {B, tokens_per_seq, Hk, D});
-    const TensorView knv = dev_view(dkn, c.dtype, {B, S, Hk, D}), vnv = dev_view(dvn, c.dtype, {B, S, Hk, D});
-    const TensorView ov = dev_view(dout, c.dtype, {B, S, H, D});
-    const TensorView lv = dev_view(dlse, DType::float32, {B, H, S});
-    const TensorView tv = dev_view(dtab, DType::int32, {B, c.max_pages});
-    const TensorView sv = dev_view(dlens, DType::int32, {B});
-    cuda::DecodeOptions o;
-    o.num_splits = num_splits;
-    o.softcap = c.softcap;
-    cuda::decode_attention_cuda(qv, kcv, vcv, paged ? &tv : nullptr, sv, c.append ? &knv : nullptr,
-                                c.append ? &vnv : nullptr, ov, &lv, o);
-    DecodeResult r;
-    r.out = decode(dout.download<uint16_t>(q.bits.size()), c.dtype);
-    r.lse = dlse.download<float>(static_cast<size_t>(B) * H * S);
-    if (check_append && c.append) {  // the new tokens landed in the right pages, nothing else changed
-      const auto kc_after = dkc.download<uint16_t>(kc.bits.size());
-      std::vector<uint16_t> expect = kc.bits;
-      for (int b = 0; b < B; ++b)
-        for (int i = 0; i < S; ++i)
-          for (int e = 0; e < Hk * D; ++e)
-            expect[cache_index(b, lens[b] + i) + e] = kn.bits[(static_cast<size_t>(b) * S + i) * Hk * D + e];
-      EXPECT_TRUE(kc_after == expect) << "k_cache after append differs from the expected pages";
-    }
-    return r;
-  };
-  const DecodeResult one = run(1, true), autos = run(0, false), forced = run(7, false);
-  for (const auto* r : {&one, &autos, &forced}) {
-    const double err = max_abs_diff(r->out, ref.out);
-    EXPECT_LE(err, 2 * naive_err + 1e-5) << "decode out err " << err << " vs naive " << naive_err;
-    double lse_err = 0;  // same rule as the forward tests: <= 2x the naive same-precision lse error
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int i = 0; i < S; ++i) {
-          const double want = ref.lse[static_cast<size_t>(h * rp.total_q() + rp.cu_seqlens_q[b] + i)];
-          const double got = r->lse[(static_cast<size_t>(b) * H + h) * S + i];
-          if (std::isinf(want)) {
-            EXPECT_TRUE(std::isinf(got) && got < 0) << "lse of an empty row must be -inf, got " << got;
-          } else {
-            const double d = std::fabs(got - want);
-            lse_err = std::isnan(d) ? INFINITY : std::max(lse_err, d);
-          }
-        }
-    EXPECT_LE(lse_err, 2 * naive_lse_err + 1e-4) << "decode lse err " << lse_err << " vs naive " << naive_lse_err;
-  }
-  EXPECT_LE(max_abs_diff(one.out, autos.out), naive_err + 1e-5) << "num_splits 1 vs auto differ beyond rounding";
-  EXPECT_LE(max_abs_diff(one.out, forced.out), naive_err + 1e-5) << "num_splits 1 vs 7 differ beyond rounding";
-}
 
 TEST(CudaDecode, PagedGqaVsReference) {
+  CudaMemory mem;
   for (DType t : {DType::bfloat16, DType::float16}) {
     for (int page : {16, 64, 256}) {
       DecodeCase c;
       c.dtype = t, c.page_size = page, c.max_pages = page == 256 ? 6 : 24;
-      check_decode(c);
+      check_decode(c, mem);
     }
   }
+  EXPECT_NE(last_kernel_path().find("kv_decode cuda split-kv"), std::string::npos) << last_kernel_path();
 }
 
 TEST(CudaDecode, VariantsVsReference) {
+  CudaMemory mem;
   DecodeCase c;
   c.head_dim = 64, c.seqlen_q = 4, c.heads = 8, c.heads_kv = 2;  // 16 packed rows per kv head
-  check_decode(c);
+  check_decode(c, mem);
   c.seqlen_q = 3, c.heads = 12, c.heads_kv = 1, c.append = false, c.softcap = 20.f;  // MQA, 36 rows -> 3 tiles
-  check_decode(c);
+  check_decode(c, mem);
   c.page_size = 0, c.append = true, c.softcap = 0, c.dtype = DType::float16;  // contiguous cache
-  check_decode(c);
+  check_decode(c, mem);
+  c.page_size = 16, c.max_pages = 40, c.window = 100, c.seqlen_q = 5, c.heads = 8, c.heads_kv = 4;  // sliding window
+  check_decode(c, mem);
+  c.window = 0;  // only the diagonal
+  check_decode(c, mem);
+}
+
+TEST(CudaDecode, PastCapacityIsACapacityErrorBeforeAnythingIsWritten) {
+  CudaMemory mem;
+  decodetest::check_capacity_error(mem);
+}
+
+TEST(CudaDecode, BrokenMaxSeqlenPromiseGivesNaNForThatSequenceOnly) {
+  // max_seqlen_k = 100 promised but sequence 1 holds 300 (within the capacity): no read-back, so the device sees the
+  // broken promise: that sequence's out / lse are NaN and nothing is appended for it; sequence 0 is exact.
+  CudaMemory mem;
+  DecodeCase c;
+  c.batch = 2, c.seqlen_q = 2, c.heads = 4, c.heads_kv = 2, c.head_dim = 64, c.page_size = 64, c.max_pages = 8;
+  c.lens = {7, 300};
+  std::mt19937_64 rng(flashkv::testing::test_seed() + 1);
+  decodetest::DecodeSetup s = decodetest::make_setup(c, mem, rng);
+  const decodetest::Result good = decodetest::run_case(s, mem, 1, false);
+  for (int splits : {1, 5}) {
+    const decodetest::Result r = decodetest::run_case(s, mem, splits, false, /*max_seqlen_k=*/100);
+    const size_t per_seq = static_cast<size_t>(c.seqlen_q) * c.heads * c.head_dim;
+    for (size_t i = 0; i < per_seq; ++i) {
+      ASSERT_LE(std::fabs(r.out[i] - good.out[i]), 1e-2) << i;
+      ASSERT_TRUE(std::isnan(r.out[per_seq + i])) << i;
+    }
+    for (int i = 0; i < c.heads * c.seqlen_q; ++i) {
+      EXPECT_TRUE(std::isfinite(r.lse[static_cast<size_t>(i)]));
+      EXPECT_TRUE(std::isnan(r.lse[static_cast<size_t>(c.heads * c.seqlen_q + i)]));
+    }
+    std::vector<uint8_t> kc(s.kc.bytes.size());
+    mem.download(kc.data(), s.dkc, kc.size());
+    const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim * 2;
+    EXPECT_EQ(std::memcmp(kc.data() + s.cache_index(1, 300) * 2, s.kc.bytes.data() + s.cache_index(1, 300) * 2, row), 0)
+        << "appended to a sequence that broke the promise";
+    EXPECT_EQ(std::memcmp(kc.data() + s.cache_index(0, 7) * 2, s.kn.bytes.data(), row), 0) << "sequence 0 not appended";
+  }
+}
+
+TEST(CudaDecode, NonFiniteInputsFollowTheContract) {
+  CudaMemory mem;
+  for (DType t : {DType::bfloat16, DType::float16}) decodetest::check_non_finite(mem, t);
+}
+
+TEST(CudaDecode, EmptyRowsAndAllNegativeInfinityScores) {
+  CudaMemory mem;
+  for (DType t : {DType::bfloat16, DType::float16}) decodetest::check_empty_rows(mem, t);
 }
 
 TEST(CudaDecode, TypedErrors) {
-  DevBuf q(2 * 8 * 64 * 2), kc(4 * 24 * 2 * 64 * 2), out(2 * 8 * 64 * 2), tab(2 * 4 * 4), lens(2 * 4);
-  const TensorView qv = dev_view(q, DType::bfloat16, {2, 1, 8, 64});
-  const TensorView bad_page = dev_view(kc, DType::bfloat16, {4, 24, 2, 64});
-  const TensorView ov = dev_view(out, DType::bfloat16, {2, 1, 8, 64});
-  const TensorView tv = dev_view(tab, DType::int32, {2, 4});
-  const TensorView sv = dev_view(lens, DType::int32, {2});
-  try {
-    cuda::decode_attention_cuda(qv, bad_page, bad_page, &tv, sv, nullptr, nullptr, ov, nullptr, {});
-    ADD_FAILURE() << "expected an Error for page_size 24";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("page_size"), std::string::npos) << e.what();
-  }
-  TensorView qf = qv;
+  CudaMemory mem;
+  DecodeCase c;
+  c.batch = 2, c.heads = 8, c.heads_kv = 2, c.head_dim = 64, c.page_size = 16, c.max_pages = 4;
+  std::mt19937_64 rng(flashkv::testing::test_seed() + 2);
+  decodetest::DecodeSetup s = decodetest::make_setup(c, mem, rng);
+  TensorView bad = s.kcv;
+  bad.shape[1] = 24;
+  expect_error<Error>([&] { paged_decode(s.qv, bad, bad, &s.tv, s.sv, nullptr, nullptr, s.ov, nullptr, {}); }, "k_cache",
+                      {"page_size"});
+  TensorView qf = s.qv;
   qf.dtype = DType::float32;
-  EXPECT_THROW(cuda::decode_attention_cuda(qf, bad_page, bad_page, &tv, sv, nullptr, nullptr, ov, nullptr, {}),
-               TypeError);
+  TensorView kf = s.kcv, vf = s.vcv, of = s.ov;
+  kf.dtype = vf.dtype = of.dtype = DType::float32;
+  expect_error<TypeError>([&] { paged_decode(qf, kf, vf, &s.tv, s.sv, nullptr, nullptr, of, nullptr, {}); }, "q");
+  TensorView host_table = s.tv;
+  host_table.device = Device::cpu;
+  expect_error<TypeError>([&] { paged_decode(s.qv, s.kcv, s.vcv, &host_table, s.sv, nullptr, nullptr, s.ov, nullptr, {}); },
+                          "page_table");
+}
+
+// ---- device-resident PagedKVCache --------------------------------------------------------------------------------
+KVCacheConfig cache_config(const std::string& fmt, Device device, int64_t pages = 0) {
+  KVCacheConfig c;
+  c.num_layers = 2;
+  c.num_heads_kv = 2;
+  c.head_dim = 128;
+  c.page_size = 32;
+  c.with_kv_cache_dtype(fmt);
+  c.capacity_pages = pages;
+  c.device = device;
+  return c;
+}
+
+TensorView kvtest_view(std::vector<float>& x, int64_t n) {
+  return TensorView::contiguous(x.data(), DType::float32, {n, 2, 128});
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = float_to_bf16(x[i]);
+  return b;
+}
+
+/// q [total_q, 8, 128] bf16 on the device (and its host float copy), out / lse buffers, attention of `cache`.
+struct DeviceQuery {
+  std::vector<float> q;
+  int64_t total_q;
+  DevBuf dq, dout, dlse;
+  DeviceQuery(std::mt19937_64& rng, int64_t total)
+      : q(static_cast<size_t>(total) * 8 * 128), total_q(total), dq(q.size() * 2), dout(q.size() * 2),
+        dlse(static_cast<size_t>(total) * 8 * 4) {
+    std::normal_distribution<float> n01;
+    for (float& x : q) x = bf16_to_float(float_to_bf16(n01(rng)));
+    dq.upload(to_bf16(q));
+  }
+  TensorView qv() const { return dev_view(dq, DType::bfloat16, {total_q, 8, 128}); }
+  TensorView ov() const { return dev_view(dout, DType::bfloat16, {total_q, 8, 128}); }
+  TensorView lv() const { return dev_view(dlse, DType::float32, {8, total_q}); }
+  std::vector<double> out() const { return decode(dout.download<uint16_t>(q.size()), DType::bfloat16); }
+  std::vector<float> lse() const { return dlse.download<float>(static_cast<size_t>(total_q) * 8); }
+};
+
+/// The same attention on a host cache (float32 q = the bf16 values), as the oracle.
+std::pair<std::vector<double>, std::vector<float>> host_attention(const PagedKVCache& host, std::span<const int64_t> ids,
+                                                                  std::span<const int32_t> cu, int32_t layer,
+                                                                  const std::vector<float>& q) {
+  std::vector<float> qq = q, out(q.size()), lse(q.size() / 128);
+  const int64_t total = static_cast<int64_t>(q.size() / (8 * 128));
+  TensorView lv = TensorView::contiguous(lse.data(), DType::float32, {8, total});
+  host.attention(ids, cu, layer, TensorView::contiguous(qq.data(), DType::float32, {total, 8, 128}),
+                 TensorView::contiguous(out.data(), DType::float32, {total, 8, 128}), &lv);
+  return {std::vector<double>(out.begin(), out.end()), lse};
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::vector<float>& glse,
+                  const std::vector<float>& wlse, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  double err = 0, lerr = 0;
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
+  for (size_t i = 0; i < glse.size(); ++i) {
+    if (std::isinf(wlse[i])) {  // a row without visible keys: −inf on both
+      EXPECT_TRUE(std::isinf(glse[i]) && glse[i] < 0) << what << ": lse " << glse[i] << " for an empty row";
+    } else {
+      const double d = std::fabs(glse[i] - wlse[i]);
+      lerr = std::isnan(d) ? INFINITY : std::max(lerr, d);
+    }
+  }
+  EXPECT_LE(err, 1.5e-2) << what << ": out vs the host cache";  // bf16 output rounding + bf16 P in the MMA
+  EXPECT_LE(lerr, 2e-3) << what << ": lse vs the host cache";
+}
+
+TEST(CudaKVCache, FilledOnEitherDeviceDecodesOnTheOther) {
+  std::mt19937_64 rng(flashkv::testing::test_seed() + 10);
+  std::normal_distribution<float> n01;
+  PagedKVCache dev(cache_config("bf16", Device::cuda)), host(cache_config("bf16", Device::cpu));
+  EXPECT_EQ(dev.device(), Device::cuda);
+  const int64_t ids[] = {1, 2, 3};
+  for (PagedKVCache* c : {&dev, &host})
+    for (int64_t id : ids) c->add_sequence(id);
+  // sequence 1: host float32 appends (rounded to bf16 on the host, uploaded); 2 and 3: CUDA bf16 appends
+  const int64_t lens[] = {300, 77, 1};
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    for (int b = 0; b < 3; ++b) {
+      std::vector<float> k(static_cast<size_t>(lens[b]) * 256), v(k.size());
+      for (float& x : k) x = bf16_to_float(float_to_bf16(n01(rng)));
+      for (float& x : v) x = bf16_to_float(float_to_bf16(n01(rng)));
+      host.append(ids[b], layer, kvtest_view(k, lens[b]), kvtest_view(v, lens[b]));
+      if (b == 0) {
+        dev.append(ids[b], layer, kvtest_view(k, lens[b]), kvtest_view(v, lens[b]));
+      } else {
+        DevBuf dk(k.size() * 2), dv(v.size() * 2);
+        dk.upload(to_bf16(k)), dv.upload(to_bf16(v));
+        dev.append(ids[b], layer, dev_view(dk, DType::bfloat16, {lens[b], 2, 128}),
+                   dev_view(dv, DType::bfloat16, {lens[b], 2, 128}));
+      }
+    }
+  }
+  EXPECT_EQ(dev.memory_report().pages_used, host.memory_report().pages_used);
+  // the device pages hold exactly the host cache's bytes
+  const PagedKVCache back = dev.to(Device::cpu);
+  for (int64_t id : ids) {
+    std::vector<float> a(static_cast<size_t>(back.seq_len(id, 1)) * 256), b(a.size()), c2(a.size()), d(a.size());
+    const int64_t n = back.seq_len(id, 1);
+    back.dequantize(id, 1, kvtest_view(a, n), kvtest_view(b, n));
+    host.dequantize(id, 1, kvtest_view(c2, n), kvtest_view(d, n));
+    EXPECT_EQ(a, c2) << id;
+    EXPECT_EQ(b, d) << id;
+  }
+  // decode on the device (plan once, both layers; varlen: 1, 3 and 2 queries) vs the host cache
+  const int32_t cu[] = {0, 1, 4, 6};
+  DeviceQuery q(rng, 6);
+  DecodePlan plan = plan_decode(dev, ids, cu, 8, 0);
+  EXPECT_NE(plan.path().find("kv_decode cuda split-kv"), std::string::npos) << plan.path();
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    run_decode(dev, plan, layer, q.qv(), q.ov(), nullptr);
+    const auto [want, wlse] = host_attention(host, ids, cu, layer, q.q);
+    const TensorView lv = q.lv();
+    dev.attention(ids, cu, layer, q.qv(), q.ov(), &lv);
+    expect_close(q.out(), want, q.lse(), wlse, "device cache");
+  }
+  // a host cache copied to the device decodes there the same way
+  const PagedKVCache moved = host.to(Device::cuda);
+  const auto [want, wlse] = host_attention(host, ids, cu, 1, q.q);
+  const TensorView lv = q.lv();
+  moved.attention(ids, cu, 1, q.qv(), q.ov(), &lv);
+  expect_close(q.out(), want, q.lse(), wlse, "host cache copied to the device");
+  EXPECT_NE(last_kernel_path().find("varlen"), std::string::npos) << last_kernel_path();
+}
+
+TEST(CudaKVCache, QuantizedDeviceCacheIsUnsupportedUntilIssue12AndCopiesBack) {
+  std::mt19937_64 rng(flashkv::testing::test_seed() + 11);
+  std::normal_distribution<float> n01;
+  PagedKVCache host(cache_config("int4_kivi", Device::cpu));
+  host.add_sequence(0);
+  std::vector<float> k(100 * 256), v(k.size());
+  for (float& x : k) x = n01(rng);
+  for (float& x : v) x = n01(rng);
+  host.append(0, 0, kvtest_view(k, 100), kvtest_view(v, 100));
+  PagedKVCache dev = host.to(Device::cuda);
+  dev.append(0, 0, kvtest_view(k, 5), kvtest_view(v, 5));  // host tensors: quantized on the host, uploaded
+  host.append(0, 0, kvtest_view(k, 5), kvtest_view(v, 5));
+  const int64_t ids[] = {0};
+  const int32_t cu[] = {0, 1};
+  DeviceQuery q(rng, 1);
+  expect_error<UnsupportedError>([&] { dev.attention(ids, cu, 0, q.qv(), q.ov(), nullptr); }, "",
+                                 {"int4_kivi", "#12"});
+  const PagedKVCache back = dev.to(Device::cpu);
+  std::vector<float> a(105 * 256), b(a.size()), c(a.size()), d(a.size());
+  back.dequantize(0, 0, kvtest_view(a, 105), kvtest_view(b, 105));
+  host.dequantize(0, 0, kvtest_view(c, 105), kvtest_view(d, 105));
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(b, d);
+}
+
+TEST(CudaKVCache, AppendPastAFixedPoolIsACapacityErrorAndChangesNothing) {
+  PagedKVCache dev(cache_config("bf16", Device::cuda, /*pages=*/2));
+  dev.add_sequence(0);
+  DevBuf dk(70 * 256 * 2);
+  const TensorView k70 = dev_view(dk, DType::bfloat16, {70, 2, 128});
+  expect_error<CapacityError>([&] { dev.append(0, 0, k70, k70); }, "", {"needs", "pages"});
+  EXPECT_EQ(dev.seq_len(0, 0), 0);
+  EXPECT_EQ(dev.free_pages(), 2);
+  const TensorView k64 = dev_view(dk, DType::bfloat16, {64, 2, 128});
+  dev.append(0, 0, k64, k64);
+  EXPECT_EQ(dev.seq_len(0, 0), 64);
 }
 
 }  // namespace

@@ -89,8 +89,10 @@ inline Snapshot snapshot(const flashkv::PagedKVCache& c) {
 
 /// Float64 attention with an explicit boolean mask: the shared test reference (tests/common/reference.hpp) with
 /// batch 1: q [nq][Hq][d], k/v [n][H][d]; query i at position n − nq + i (bottom-right); out [nq][Hq][d], lse [Hq][nq].
-inline void reference_attention(const std::vector<float>& q, int64_t nq, int64_t Hq, const std::vector<float>& k,
-                                const std::vector<float>& v, int64_t n, int64_t H, int64_t d, double scale, bool causal,
+/// K / V given as float or double.
+template <class T>
+inline void reference_attention(const std::vector<float>& q, int64_t nq, int64_t Hq, const std::vector<T>& k,
+                                const std::vector<T>& v, int64_t n, int64_t H, int64_t d, double scale, bool causal,
                                 int64_t window_left, double softcap, std::vector<double>& out,
                                 std::vector<double>& lse) {
   flashkv::testing::RefShape s;

@@ -8,6 +8,8 @@
 
 #include "core/float16.hpp"
 #include "kv_test_util.hpp"
+#include "kvcache/cache/cache_impl.hpp"  // hadamard_signs: the rotation's ±1 diagonal for a seed
+#include "naive_quant.hpp"
 
 using namespace flashkv;
 using kvtest::make_config;
@@ -123,9 +125,15 @@ struct AttnCase {
   std::vector<float> k_scales{}, v_scales{};  // static fp8 scales
 };
 
+/// Quantization error of one case: the cache's, and the naive same-precision quantization's (naive_quant.hpp, with
+/// the cache's rotation signs), both as max over sequences of max |out − out_unquantized| / max |out_unquantized| (float64 attention).
+struct QuantError {
+  double cache = 0, naive = 0;
+};
+
 /// Runs one case; checks cache attention vs the float64 reference on the dequantized K/V (kernel error) and returns
-/// the max relative error vs the unquantized K/V (quantization error).
-double run_attention_case(const AttnCase& ac, uint64_t salt) {
+/// the quantization errors vs the unquantized K/V.
+QuantError run_attention_case(const AttnCase& ac, uint64_t salt) {
   const Case& cs = ac.c;
   KVCacheConfig cfg = make_config(cs.dtype, 2, cs.H, cs.d, cs.P, cs.R, cs.S, 512);
   if (cs.rotate) cfg.rotation = KVRotation::hadamard;
@@ -177,7 +185,8 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
       out[i] = ac.qdtype == DType::bfloat16 ? bf16_to_float(out16[i]) : fp16_to_float(out16[i]);
     }
   }
-  double worst_quant = 0;
+  QuantError worst;
+  const std::vector<float> signs = cs.rotate ? hadamard_signs(cs.d, cfg.rotation_seed) : std::vector<float>{};
   const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
   for (int64_t b = 0; b < B; ++b) {
     const kvtest::KV dq = kvtest::dequant(c, 10 + b, 1);
@@ -187,10 +196,14 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
                                 ac.softcap, ref, ref_lse);
     kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, K[b], V[b], ac.lens[b], cs.H, cs.d, scale, ac.causal, ac.window,
                                 ac.softcap, exact, exact_lse);
+    std::vector<double> naive, naive_lse;
+    kvtest::reference_attention(qb, ac.nqs[b], cs.Hq, kvtest::naive_quantize_half(cfg, true, K[b], ac.lens[b], signs),
+                                kvtest::naive_quantize_half(cfg, false, V[b], ac.lens[b], signs), ac.lens[b], cs.H,
+                                cs.d, scale, ac.causal, ac.window, ac.softcap, naive, naive_lse);
     double vmax = 1e-30;
     for (float x : dq.v) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
     const double tol = ac.qdtype == DType::float32 ? 2e-5 : (ac.qdtype == DType::bfloat16 ? 8e-3 : 1e-3);
-    double qerr = 0, qden = 1e-30, kerr = 0, lerr = 0;
+    double qerr = 0, qden = 1e-30, nerr = 0, kerr = 0, lerr = 0;
     bool finite = true, lse_ok = true;
     for (int64_t i = 0; i < ac.nqs[b]; ++i) {
       for (int64_t h = 0; h < cs.Hq; ++h) {
@@ -208,6 +221,7 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
           finite = finite && std::isfinite(o);
           kerr = std::max(kerr, std::fabs(o - ref[ri]) / vmax);
           qerr = std::max(qerr, std::fabs(ref[ri] - exact[ri]));
+          nerr = std::max(nerr, std::fabs(naive[ri] - exact[ri]));
           qden = std::max(qden, std::fabs(exact[ri]));
         }
       }
@@ -216,15 +230,20 @@ double run_attention_case(const AttnCase& ac, uint64_t salt) {
     EXPECT_TRUE(lse_ok) << cs.dtype << " b=" << b << ": rows without visible keys must have lse = -inf";
     EXPECT_LE(kerr, tol) << cs.dtype << " b=" << b << " (kernel error vs reference on dequantized K/V)";
     EXPECT_LE(lerr, 1e-5) << cs.dtype << " b=" << b << " (lse)";
-    worst_quant = std::max(worst_quant, qerr / qden);
+    worst.cache = std::max(worst.cache, qerr / qden);
+    worst.naive = std::max(worst.naive, nerr / qden);
   }
-  return worst_quant;
+  return worst;
 }
 }  // namespace
 
 TEST(KVCacheAttention, MatchesReferenceOnDequantizedEveryFormat) {
-  // kernel error vs the reference on the dequantized cache; quantization error (vs unquantized) printed per format
-  std::printf("%-22s %s\n", "format", "max |out − out_unquantized| / max |out_unquantized|");
+  // Kernel error vs the reference on the dequantized cache (run_attention_case); quantization error (vs unquantized)
+  // per format, bounded by 2× the error of the naive same-precision quantization of the same K/V (naive_quant.hpp:
+  // float64 scale / min, the format's grid). A fixed per-format constant is no bound: the error relative to max |out|
+  // varies with the seed (fp8_e4m3 reached 0.104 for seed 15707018718284646572 against a guessed 0.1, with the codec
+  // rounding exactly as the naive one does).
+  std::printf("%-22s %-12s %s\n", "format", "quant error", "naive same-precision (max |out − out_unquantized| / max |out_unquantized|)");
   uint64_t salt = 500;
   for (const char* f : {"fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_dynamic", "int8", "int8_g32", "int4",
                         "int4_g32", "int4_kivi", "int2_kivi", "k:int8,v:int4", "k:int4_kivi,v:int2_kivi"}) {
@@ -232,16 +251,12 @@ TEST(KVCacheAttention, MatchesReferenceOnDequantizedEveryFormat) {
     ac.c = Case{f, 2, 8, 64, 32, 0, 0};
     ac.lens = {0, 1, 31, 32, 33, 95, 200};
     ac.nqs = {1, 1, 1, 1, 1, 1, 1};
-    const double qe = run_attention_case(ac, salt++);
-    std::printf("%-22s %.3e\n", f, qe);
-    const KVFormatSpec spec = parse_kv_cache_dtype(f).second;  // V dominates the output error
-    // bf16 keeps 8 significant bits: the max output error relative to max |out| reaches 5.6e-3 for some seeds
-    const double bound = spec.code_bits() >= 16   ? 1e-2
-                         : spec.format == KVFormat::fp8_e5m2 ? 0.25
-                         : spec.code_bits() == 8 ? 0.1
-                         : spec.code_bits() == 4 ? 0.8
-                                                 : 2.0;
-    EXPECT_LT(qe, bound) << f;
+    const QuantError qe = run_attention_case(ac, salt++);
+    std::printf("%-22s %.3e    %.3e\n", f, qe.cache, qe.naive);
+    EXPECT_LE(qe.cache, 2 * qe.naive + 1e-6) << f << ": quantization error over 2x the naive same-precision error";
+    if (std::string(f) != "fp32") {
+      EXPECT_GT(qe.naive, 0) << f << ": the naive quantization changed nothing";
+    }
   }
 }
 
@@ -350,11 +365,97 @@ TEST(KVCacheAttention, DecodeKernelsEveryFormatHeadDimAndGqaGroup) {
 
 TEST(KVCacheAttention, RotationPreservesScoresAndRotatesOutputBack) {
   // With fp32 storage rotation is skipped; with int8 + rotation, attention equals the reference on the dequantized
-  // (unrotated) values, and differs from the non-rotated cache only by quantization error.
+  // (unrotated) values, and its quantization error stays within 2x the naive rotated int8 quantization's.
   AttnCase ac;
   ac.c = Case{"int8", 2, 4, 64, 16, 0, 0, true};
   ac.lens = {50};
   ac.nqs = {2};
-  const double qe = run_attention_case(ac, 4242);
-  EXPECT_LT(qe, 0.05);
+  const QuantError qe = run_attention_case(ac, 4242);
+  std::printf("int8 + hadamard: quant error %.3e, naive int8 + hadamard %.3e\n", qe.cache, qe.naive);
+  EXPECT_LE(qe.cache, 2 * qe.naive);
+  EXPECT_GT(qe.naive, 0);
+}
+
+TEST(KVCache, DefaultCapacityGrowsOnDemand) {
+  // Neither capacity given (the defaults): the pool starts small and doubles as appends need pages; contents and
+  // attention are those of a fixed pool large enough from the start (issue 10 item 11).
+  for (const char* f : {"bf16", "int4_kivi", "k:int8,v:fp8_e4m3_dynamic"}) {
+    KVCacheConfig grow = make_config(f, 2, 2, 64, 32, 16, 0, 0);
+    KVCacheConfig fixed = grow;
+    fixed.capacity_pages = 128;
+    PagedKVCache a(grow), b(fixed);
+    const int64_t initial = a.free_pages();
+    EXPECT_GT(initial, 0);
+    auto g = kvtest::rng(4100);
+    std::vector<float> k = kvtest::randn(g, 1500 * 2 * 64), v = kvtest::randn(g, k.size());
+    for (PagedKVCache* c : {&a, &b}) {
+      c->add_sequence(1);
+      c->add_sequence(2);
+      for (int64_t t = 0; t < 1500; t += 97) {
+        const int64_t m = std::min<int64_t>(97, 1500 - t);
+        std::vector<float> kc(k.begin() + t * 128, k.begin() + (t + m) * 128), vc(v.begin() + t * 128, v.begin() + (t + m) * 128);
+        for (int64_t id : {1, 2}) c->append(id, 1, kvtest::view3(kc, m, 2, 64), kvtest::view3(vc, m, 2, 64));
+      }
+    }
+    EXPECT_GT(a.memory_report().pages_total, initial) << f;
+    EXPECT_EQ(a.memory_report().pages_used, b.memory_report().pages_used) << f;
+    const kvtest::KV x = kvtest::dequant(a, 2, 1), y = kvtest::dequant(b, 2, 1);
+    EXPECT_EQ(std::memcmp(x.k.data(), y.k.data(), x.k.size() * 4), 0) << f;
+    EXPECT_EQ(std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4), 0) << f;
+    std::vector<float> q = kvtest::randn(g, 2 * 4 * 64), o1(q.size()), o2(q.size());
+    const int64_t ids[] = {1, 2};
+    const int32_t cu[] = {0, 1, 2};
+    a.attention(ids, cu, 1, kvtest::view3(q, 2, 4, 64), kvtest::view3(o1, 2, 4, 64), nullptr);
+    b.attention(ids, cu, 1, kvtest::view3(q, 2, 4, 64), kvtest::view3(o2, 2, 4, 64), nullptr);
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0) << f;
+  }
+}
+
+TEST(KVCacheAttention, NonFiniteQueriesMakeTheirRowsNaNOnly) {
+  // The non-finite contract through the cache API, every kind of format (fused or codec tiles): NaN in one query
+  // head, +inf in another (scores ±inf -> NaN), −inf against keys whose channel is positive (all scores −inf with
+  // visible keys -> NaN); the other rows are bit-for-bit those of the clean query.
+  for (const char* f : {"bf16", "fp8_e4m3_dynamic", "int4_g32", "int2_kivi", "k:fp16,v:int8"}) {
+    SCOPED_TRACE(f);
+    PagedKVCache c(make_config(f, 1, 2, 64, 32, 0, 0, 16));
+    auto g = kvtest::rng(3100);
+    std::vector<float> k = kvtest::randn(g, 150 * 128), v = kvtest::randn(g, k.size());
+    for (int64_t t = 0; t < 150; ++t) k[static_cast<size_t>(t * 128)] = 1.0f + 0.01f * static_cast<float>(t);  // kv head 0, channel 0 > 0
+    c.add_sequence(0);
+    append_chunks(c, 0, 0, k, v, 150, {150});
+    const int64_t ids[] = {0};
+    const int32_t cu[] = {0, 2};
+    std::vector<float> q = kvtest::randn(g, 2 * 8 * 64), o0(q.size()), o1(q.size()), l0(16), l1(16);
+    TensorView lv0 = TensorView::contiguous(l0.data(), DType::float32, {8, 2});
+    TensorView lv1 = TensorView::contiguous(l1.data(), DType::float32, {8, 2});
+    for (int splits : {1, 4}) {
+      KVAttentionOptions o;
+      o.num_splits = splits;
+      c.attention(ids, cu, 0, kvtest::view3(q, 2, 8, 64), kvtest::view3(o0, 2, 8, 64), &lv0, o);
+      std::vector<float> qb = q;
+      qb[(0 * 8 + 1) * 64 + 9] = std::nanf("");     // token 0, head 1
+      qb[(1 * 8 + 6) * 64 + 2] = INFINITY;          // token 1, head 6 (kv head 1)
+      qb[(1 * 8 + 2) * 64 + 0] = -INFINITY;         // token 1, head 2 (kv head 0): every score −inf
+      c.attention(ids, cu, 0, kvtest::view3(qb, 2, 8, 64), kvtest::view3(o1, 2, 8, 64), &lv1, o);
+      for (int t = 0; t < 2; ++t) {
+        for (int h = 0; h < 8; ++h) {
+          const bool bad = (t == 0 && h == 1) || (t == 1 && (h == 6 || h == 2));
+          const size_t r = static_cast<size_t>(t * 8 + h);
+          for (int e = 0; e < 64; ++e) {
+            if (bad) {
+              ASSERT_TRUE(std::isnan(o1[r * 64 + e])) << t << " " << h;
+            } else {
+              ASSERT_EQ(o1[r * 64 + e], o0[r * 64 + e]) << t << " " << h;
+            }
+          }
+          const float la = l1[static_cast<size_t>(h * 2 + t)], lb = l0[static_cast<size_t>(h * 2 + t)];
+          if (bad) {
+            EXPECT_TRUE(std::isnan(la)) << t << " " << h;
+          } else {
+            EXPECT_EQ(la, lb);
+          }
+        }
+      }
+    }
+  }
 }

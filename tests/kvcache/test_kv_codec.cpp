@@ -7,7 +7,7 @@
 
 #include "core/float16.hpp"
 #include "kv_test_util.hpp"
-#include "kvcache/codec.hpp"
+#include "kvcache/format/codec.hpp"
 
 using namespace flashkv;
 using namespace flashkv::kv;

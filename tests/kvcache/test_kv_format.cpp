@@ -1,6 +1,8 @@
 // kv_cache_dtype grammar, canonical names, per-format byte counts and KVCacheConfig validation.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "flashkv/kvcache.hpp"
 
 using namespace flashkv;
@@ -124,11 +126,14 @@ TEST(KVConfig, Validation) {
   c.sink_tokens = -2;
   expect_config_error(c, "sink_tokens");
   c = base();
-  c.capacity_pages = 0;
-  expect_config_error(c, "capacity_pages/capacity_bytes");
-  c = base();
   c.capacity_bytes = 1000;
   expect_config_error(c, "capacity_pages/capacity_bytes");
+  c = base();
+  c.capacity_pages = -1;
+  expect_config_error(c, "capacity_pages");
+  c = base();
+  c.device_index = -1;
+  expect_config_error(c, "device_index");
   // page size not a multiple of the KIVI group
   c = base();
   c.page_size = 32;

@@ -1,5 +1,5 @@
 """kernel= (flashkv::KernelFamily, C ABI opts.kernel_family): the CUDA kernel family is an explicit option, checked
-like every other argument. On the CPU only "auto" is accepted; the CUDA behaviour (auto/sm80/sm90 on Hopper and
+like every other argument. On the CPU only "auto" is accepted; the CUDA behaviour (auto/sm80/sm90/sm90ws on Hopper and
 elsewhere) is tested by the GPU suites (tests/cuda, CudaKernels.FamilyIsDecidedOncePerCall)."""
 import ctypes
 
@@ -19,7 +19,7 @@ def test_kernel_auto_is_the_default_and_runs_on_the_cpu(rng):
     flashkv.attention_backward(out, q, q, q, out, lse, kernel="auto")
 
 
-@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
 def test_a_cuda_family_on_cpu_tensors_is_unsupported(rng, kernel):
     q = rng.standard_normal((1, 8, 2, 16)).astype(np.float32)
     with pytest.raises(L.UnsupportedError, match=f"kernel_family '{kernel}'"):

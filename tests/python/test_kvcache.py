@@ -121,3 +121,105 @@ def test_errors_are_typed_and_leave_cache_unchanged(rng):
     c.close()
     with pytest.raises(ValueError, match="closed"):
         c.add_sequence(1)
+
+
+def test_default_arguments_just_work(rng):
+    # issue 10 item 11: KVCache(num_layers, num_heads_kv, head_dim) with every other argument defaulted — a bf16 cache
+    # in host memory whose pool grows as appends need pages — decodes exactly like a fixed pool large enough.
+    c = KVCache(2, 2, 64)
+    assert c.device == "cpu" and c.kv_cache_dtype == "bf16"
+    start = c.memory_report()["pages_total"]
+    c.add_sequence(0)
+    k = rng.standard_normal((2000, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((2000, 2, 64)).astype(np.float32)
+    c.append(0, 1, k, v)
+    assert c.seq_len(0, 1) == 2000 and c.memory_report()["pages_total"] > start
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    out, lse = c.attention([0], q, 1)
+    kd, vd = c.dequantize(0, 1)
+    ref, ref_lse = attention_ref(q[None].astype(np.float64), kd[None].astype(np.float64), vd[None].astype(np.float64),
+                                 causal=True)
+    np.testing.assert_allclose(out, ref[0], atol=2e-5 * np.abs(vd).max())
+    np.testing.assert_allclose(lse, ref_lse[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="head_dim"):
+        KVCache(2, 2)  # the shape arguments are required, and the message names what is missing
+    with pytest.raises(ValueError, match="capacity_pages/capacity_bytes"):
+        KVCache(1, 1, 64, capacity_pages=4, capacity_bytes=1 << 20)
+    with pytest.raises(ValueError, match="'device'"):
+        KVCache(1, 1, 64, device="tpu")
+
+
+def test_to_cpu_copies_the_cache(rng):
+    c = _cache("int4_kivi", page_size=32, residual_tokens=8)
+    c.add_sequence(3)
+    k = rng.standard_normal((90, 2, 64)).astype(np.float32)
+    c.append(3, 0, k, k)
+    d = c.to("cpu")
+    for a, b in zip(c.dequantize(3, 0), d.dequantize(3, 0)):
+        assert np.array_equal(a, b)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    assert np.array_equal(c.attention([3], q, 0)[0], d.attention([3], q, 0)[0])
+    try:  # a library without the CUDA backend (or a machine without a GPU) says so; with one the copy round-trips
+        g = c.to("cuda")
+    except flashkv.UnsupportedError as e:
+        assert "CUDA" in str(e)
+    else:
+        assert g.device == "cuda:0"
+        for a, b in zip(c.dequantize(3, 0), g.to("cpu").dequantize(3, 0)):
+            assert np.array_equal(a, b)
+
+
+def test_arguments_are_checked_never_truncated(rng):
+    # the C ABI stores int32 / int64: a float, bool or out-of-range value is an error naming the argument, never
+    # truncated or wrapped (6.5 would silently become 6)
+    c = _cache("int8")
+    c.add_sequence(0)
+    k = rng.standard_normal((5, 2, 64)).astype(np.float32)
+    c.append(np.int64(0), np.int32(0), k, k)  # numpy integers are ints
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    with pytest.raises(TypeError, match="'seq_id'"):
+        c.append(0.0, 0, k, k)
+    with pytest.raises(TypeError, match="'layer'"):
+        c.append(0, 1.5, k, k)
+    with pytest.raises(TypeError, match="'seq_ids'"):
+        c.attention([0.5], q, 0)
+    with pytest.raises(TypeError, match="'q_lens'"):
+        c.attention([0], q, 0, q_lens=[1.0])
+    with pytest.raises(ValueError, match="'q_lens'"):
+        c.attention([0], q, 0, q_lens=[-1])
+    with pytest.raises(TypeError, match="'window_size_left'"):
+        c.attention([0], q, 0, window_size_left=6.5)
+    with pytest.raises(TypeError, match="'causal'"):
+        c.attention([0], q, 0, causal="yes")
+    with pytest.raises(TypeError, match="'softcap'"):
+        c.attention([0], q, 0, softcap="1")
+    with pytest.raises(ValueError, match="'num_splits'"):
+        c.attention([0], q, 0, num_splits=2000)
+    with pytest.raises(TypeError, match="'num_splits'"):
+        c.attention([0], q, 0, num_splits=True)
+    with pytest.raises(ValueError, match="'num_threads'"):
+        c.attention([0], q, 0, num_threads=-1)
+    with pytest.raises(ValueError, match="'layer'"):
+        c.attention([0], q, 7)  # the library names the range
+    with pytest.raises(ValueError, match="'head_dim'"):
+        KVCache(1, 1, 2**31)  # would wrap to a negative int32
+    with pytest.raises(TypeError, match="'capacity_pages'"):
+        KVCache(1, 1, 64, capacity_pages=4.0)
+    with pytest.raises(ValueError, match="'rotation_seed'"):
+        KVCache(1, 1, 64, rotation_seed=-1)
+    with pytest.raises(TypeError, match="'tokens'"):
+        kv_memory_estimate(1, 1, 64, 1, 10.5)
+    # the checks ran before anything was sent: the cache holds the one append
+    assert c.seq_len(0, 0) == 5
+
+
+def test_capacity_error_is_exported_and_a_runtime_error(rng):
+    assert issubclass(flashkv.CapacityError, RuntimeError) and "CapacityError" in flashkv.__all__
+    c = _cache("bf16", page_size=16, capacity_pages=1)
+    c.add_sequence(0)
+    k = rng.standard_normal((17, 2, 64)).astype(np.float32)
+    with pytest.raises(flashkv.CapacityError, match="page"):
+        c.append(0, 0, k, k)  # 17 tokens need 2 pages of 16
+    assert c.seq_len(0, 0) == 0
+    c.append(0, 0, k[:16], k[:16])  # what fits still fits
+    assert c.seq_len(0, 0) == 16

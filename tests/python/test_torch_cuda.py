@@ -63,7 +63,7 @@ def test_varlen_and_kvcache_on_cuda_without_host_sync(rng):
         rand(rng, (sum(lk), hkv, d), "bfloat16")
     kc, vc = rand(rng, (64, 16, hkv, d), "bfloat16"), rand(rng, (64, 16, hkv, d), "bfloat16")
     table = torch.randperm(64, device="cuda").to(torch.int32).view(4, 16)
-    lens = torch.tensor([0, 17, 100, 255], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([0, 17, 100, 254], dtype=torch.int32, device="cuda")  # + 2 appended tokens fit in 256
     qd, kn, vn = rand(rng, (4, 1, h, d), "bfloat16"), rand(rng, (4, 1, hkv, d), "bfloat16"), \
         rand(rng, (4, 1, hkv, d), "bfloat16")
     torch.cuda.synchronize()
@@ -169,3 +169,29 @@ def test_training_step_on_cuda_matches_sdpa(rng):
     assert abs(losses["flashkv"] - losses["sdpa"]) < 1e-2
     rel = float((gs["flashkv"] - gs["sdpa"]).norm() / gs["sdpa"].norm())
     assert rel < 2e-2, rel
+
+
+def test_kvcache_past_capacity_on_cuda_is_nan_for_that_sequence_without_host_sync(rng):
+    """flash_attn_with_kvcache with a CUDA cache_seqlens tensor does not read it back: a sequence whose length breaks the
+    capacity gets NaN out / lse and nothing appended; the other sequences are exact (docs/python.md, Capacity)."""
+    hkv, h, d = 2, 4, 64
+    kc, vc = rand(rng, (8, 16, hkv, d), "bfloat16"), rand(rng, (8, 16, hkv, d), "bfloat16")
+    table = torch.arange(8, device="cuda", dtype=torch.int32).view(2, 4)  # capacity 64 per sequence
+    lens = torch.tensor([40, 64], dtype=torch.int32, device="cuda")  # sequence 1 is full: its append does not fit
+    qd, kn, vn = rand(rng, (2, 1, h, d), "bfloat16"), rand(rng, (2, 1, hkv, d), "bfloat16"), \
+        rand(rng, (2, 1, hkv, d), "bfloat16")
+    k_before = kc.clone()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = ft.flash_attn_with_kvcache(qd, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                              return_softmax_lse=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert bool(out[1].float().isnan().all()) and bool(lse[1].isnan().all())
+    assert torch.equal(kc[4:], k_before[4:])  # sequence 1's pages untouched
+    assert torch.equal(kc[2, 8], kn[0, 0])  # sequence 0 appended at 40 = page 2, row 8
+    ks, vs = kc[:3].flatten(0, 1)[:41], vc[:3].flatten(0, 1)[:41]
+    r, _ = attention_ref(qd[0:1], ks[None], vs[None], causal=True)
+    nv, _ = attention_ref(qd[0:1], ks[None], vs[None], causal=True, dtype=torch.bfloat16)
+    assert max_err(out[0:1], r) <= 2 * max_err(nv, r) + 1e-5

@@ -268,19 +268,24 @@ def test_kv_append_positions_and_capacity(rng):
     ft.kv_append(kc, vc, table, lens, kn, vn)
     assert torch.equal(kc[3, 14:16], kn[0, :2]) and torch.equal(kc[1, 0], kn[0, 2])  # crosses into the next page
     assert torch.equal(vc[0, :3], vn[1]) and int(kc[2].abs().sum()) == 0
-    with pytest.raises(ValueError, match="cache_seqlens.*capacity 32"):
+    with pytest.raises(flashkv.CapacityError, match="cache_seqlens.*capacity 32"):
         ft.kv_append(kc, vc, table, torch.tensor([30, 0], dtype=torch.int32), kn, vn)
     with pytest.raises(TypeError, match="'cache_seqlens': expected int32"):
         ft.kv_append(kc, vc, table, lens.to(torch.int64), kn, vn)
 
 
-def test_kvcache_appends_past_capacity_are_dropped(rng):
-    """As the CUDA paged decode (docs/python.md): tokens beyond the capacity are dropped, attention stops there."""
+def test_kvcache_append_past_capacity_is_an_error_and_writes_nothing(rng):
+    """As the CUDA paged decode (docs/python.md): lengths past the capacity raise CapacityError naming them, and the
+    cache is unchanged."""
     kc, vc = rand(rng, (1, 16, 1, 8)), rand(rng, (1, 16, 1, 8))
+    k0, v0 = kc.clone(), vc.clone()
     q, kn, vn = rand(rng, (1, 3, 2, 8)), rand(rng, (1, 3, 1, 8)), rand(rng, (1, 3, 1, 8))
-    out = ft.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=14)
-    assert torch.equal(kc[0, 14:], kn[0, :2])
-    ref, _ = attention_ref(q, kc[:, :16], vc[:, :16])
+    with pytest.raises(flashkv.CapacityError, match="needs 17 tokens.*capacity 16"):
+        ft.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=14)
+    assert torch.equal(kc, k0) and torch.equal(vc, v0)
+    out = ft.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=13, causal=True)  # exactly fills the capacity
+    assert torch.equal(kc[0, 13:], kn[0])
+    ref, _ = attention_ref(q, kc, vc, causal=True)
     assert max_err(out, ref) < 1e-5
 
 

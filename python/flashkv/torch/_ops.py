@@ -38,6 +38,7 @@ import torch
 
 from .. import _attention as _A
 from .. import _decode as _D
+from .._library import CapacityError
 
 Tensor = torch.Tensor
 
@@ -258,7 +259,8 @@ def kv_append(
     """Writes k_new/v_new [batch, seqlen_new, num_heads_kv, head_dim] into the caches at positions cache_seqlens[b] + i
     (through page_table [batch, max_pages] int32 when given: page page_table[b, t // page_size], row t % page_size;
     else k_cache is [batch, capacity, num_heads_kv, head_dim]). cache_seqlens is not modified. Every position must be
-    below the capacity (max_pages * page_size, or k_cache.shape[1]): checked on the CPU (ValueError); on CUDA it is a
+    below the capacity (max_pages * page_size, or k_cache.shape[1]): checked on the CPU (flashkv.CapacityError, nothing
+    written); on CUDA it is a
     precondition (checking would synchronize) and an out-of-range position stops the stream with a device-side
     index assertion, never a silent write elsewhere."""
     _check_append_args(k_cache, v_cache, page_table, cache_seqlens, k_new, v_new)
@@ -268,8 +270,8 @@ def kv_append(
         capacity = page_table.shape[1] * k_cache.shape[1] if page_table is not None else k_cache.shape[1]
         need = int(cache_seqlens.max()) + k_new.shape[1]
         if need > capacity:
-            raise ValueError(f"flashkv: argument 'cache_seqlens': expected cache_seqlens + seqlen_new <= capacity "
-                             f"{capacity}, got {need}")
+            raise CapacityError(f"flashkv: argument 'cache_seqlens': expected cache_seqlens + seqlen_new <= capacity "
+                                f"{capacity}, got {need}; nothing was written")
     idx, _ = _append_positions(k_cache, page_table, cache_seqlens, k_new.shape[1])
     k_cache.index_put_(idx, k_new)
     v_cache.index_put_(idx, v_new)
@@ -289,18 +291,18 @@ def _paged_decode_cpu(q, k_cache, v_cache, page_table, cache_seqlens, k_new, v_n
     lens = cache_seqlens.to(torch.int64)
     if k_new is not None:
         _check_append_args(k_cache, v_cache, page_table, cache_seqlens, k_new, v_new)
-        n_fit = torch.clamp(capacity - lens, min=0, max=k_new.shape[1])  # appends past the capacity are dropped
-        for b in range(batch):
-            m = int(n_fit[b])
-            if m:
-                rows = slice(b, b + 1)
-                kc, vc = (k_cache, v_cache) if page_table is not None else (k_cache[rows], v_cache[rows])
-                pt = page_table[rows] if page_table is not None else None
-                idx, _ = _append_positions(kc, pt, cache_seqlens[rows], m)
-                kc.index_put_(idx, k_new[rows, :m])
-                vc.index_put_(idx, v_new[rows, :m])
-        lens = lens + k_new.shape[1]
-    lens = torch.clamp(lens, max=capacity)
+    need = lens + (k_new.shape[1] if k_new is not None else 0)
+    if batch and int(need.max()) > capacity:
+        b = int(need.argmax())
+        raise CapacityError(f"flashkv: argument 'cache_seqlens': sequence {b} needs {int(need[b])} tokens "
+                            f"(cache_seqlens {int(lens[b])} + seqlen_new {int(need[b] - lens[b])}), expected at most the "
+                            f"capacity {capacity}; nothing was written")
+    if k_new is not None and k_new.shape[1]:
+        idx, _ = _append_positions(k_cache if page_table is not None else k_cache[:batch], page_table, cache_seqlens,
+                                   k_new.shape[1])
+        (k_cache if page_table is not None else k_cache[:batch]).index_put_(idx, k_new)
+        (v_cache if page_table is not None else v_cache[:batch]).index_put_(idx, v_new)
+    lens = need
     ks, vs = [], []
     for b in range(batch):
         n = int(lens[b])
@@ -341,7 +343,8 @@ def paged_decode(
     max_seqlen_k: int,
 ) -> tuple[Tensor, Tensor]:
     """flashkv.paged_decode (docs/python.md) as an operator: attention of q against the (paged) cache, after appending
-    k_new/v_new at cache_seqlens (appends past the capacity are dropped; cache_seqlens is not updated)."""
+    k_new/v_new at cache_seqlens (cache_seqlens is not updated; lengths past the capacity raise flashkv.CapacityError
+    before anything is written)."""
     if q.device.type == "cuda":
         return _D.paged_decode(
             _last_contiguous(q), k_cache, v_cache, page_table, cache_seqlens, k_new=k_new, v_new=v_new,

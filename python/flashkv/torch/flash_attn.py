@@ -183,8 +183,11 @@ def flash_attn_with_kvcache(
     k_cache/v_cache: [batch, seqlen_cache, num_heads_kv, head_dim] without block_table, else
     [num_pages, page_size, num_heads_kv, head_dim] with block_table [batch, max_pages] int32. cache_seqlens: int or
     [batch] int32, tokens already in the cache (None = the whole capacity); not updated. k/v: [batch, seqlen_new,
-    num_heads_kv, head_dim] written at cache_seqlens[b] + i, then attention covers cache_seqlens[b] + seqlen_new keys
-    (appends past the capacity are dropped). num_splits: 0 = heuristic, 1 = no split, n <= 256 splits (CUDA)."""
+    num_heads_kv, head_dim] written at cache_seqlens[b] + i, then attention covers cache_seqlens[b] + seqlen_new keys.
+    Capacity (max_pages * page_size, or seqlen_cache): lengths past it raise flashkv.CapacityError before anything is
+    written when cache_seqlens is an int or on the CPU; a CUDA cache_seqlens tensor is not read back (no host
+    synchronization, as flash_attn): the kernels check it on the device and a sequence past the capacity gets NaN out
+    and lse, nothing written past its pages. num_splits: 0 = heuristic, 1 = no split, n <= 256 splits (CUDA)."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _need_tensor(x, name)
     left, right, softcap, softmax_scale = _common(0.0, window_size, softcap, alibi_slopes, softmax_scale)
@@ -210,16 +213,21 @@ def flash_attn_with_kvcache(
         capacity = block_table.shape[1] * k_cache.shape[1] if block_table.dim() == 2 else 0
     else:
         capacity = k_cache.shape[1]
+    seqlen_new = k.shape[1] if k is not None and k.dim() == 4 else 0
     if cache_seqlens is None or isinstance(cache_seqlens, int):
         n = capacity if cache_seqlens is None else int(cache_seqlens)
         cache_seqlens = torch.full((batch,), n, dtype=torch.int32, device=q.device)
+        max_seqlen_k = n  # known on the host: checked against the capacity without reading anything back
     else:
         cache_seqlens = _int32_cu(cache_seqlens, "cache_seqlens")
+        # On CUDA the lengths stay on the device: promise the largest length that fits (the kernels turn a broken
+        # promise into NaN for that sequence, never a write past its pages); 0 (read back) when nothing fits.
+        max_seqlen_k = max(capacity - seqlen_new, 0)
     q = _maybe_contiguous(q)
     if k is not None:
         k, v = _maybe_contiguous(k), _maybe_contiguous(v)
     out, lse = _ops.paged_decode(q, k_cache, v_cache, block_table, cache_seqlens, k, v, softmax_scale, causal, softcap,
-                                 num_splits, 0)
+                                 num_splits, max_seqlen_k)
     return (out, lse) if return_softmax_lse else out
 
 

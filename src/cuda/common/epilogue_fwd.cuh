@@ -35,7 +35,16 @@ struct EpilogueFwd {
     // The barrier matters when no K/V block was visible: other threads' cp.async writes of Q may still be in flight.
     cp_async_wait<0>();
     __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    return store_warp(p, blk, smem, o, softmax, threadIdx.x / 32);
+  }
+
+  /// The same for one warp, without a barrier: `warp` owns rows [16 * kMT * warp, +16 * kMT) of the block and may
+  /// stage them through its own rows of the Q tile (the caller guarantees that nothing reads or writes those rows
+  /// meanwhile: the warp-specialized kernel, whose consumer warps finish their tiles at different times).
+  template <class Softmax>
+  __device__ __forceinline__ static Flagged store_warp(const FwdParams& p, const FwdBlock& blk, char* smem,
+                                                    Frag<kMT, kDT> o, const Softmax& softmax, int warp) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * 16 * kMT;
     const int m0 = blk.m0;
     T* og = blk.out<T>(p);
@@ -82,8 +91,9 @@ struct EpilogueFwd {
 
   /// The rare path: the flagged rows recomputed exactly by their warp (common/nonfinite.cuh). `blk` is rebuilt by the
   /// caller after store(), so that nothing of it stays live through the mainloop for this path's sake.
-  __device__ __forceinline__ static void recompute_flagged(const FwdParams& p, const FwdBlock& blk, const Flagged& fl) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __device__ __forceinline__ static void recompute_flagged(const FwdParams& p, const FwdBlock& blk, const Flagged& fl,
+                                                           int warp = threadIdx.x / 32) {
+    const int lane = threadIdx.x % 32;
     const int warp_row0 = warp * 16 * kMT;
     __syncwarp();  // the fast stores come first
 #pragma unroll

@@ -80,6 +80,22 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+/// 2^x on the FMA pipe (FlashAttention-4's software exponential, ported to Hopper's scalar FFMA): x = i + f with
+/// i = floor(x) (one round-down add of 1.5*2^23), 2^f by a degree-3 minimax polynomial (max relative error 7.5e-5 on
+/// [0, 1): below the 16-bit rounding of P), times 2^i built from the integer bits. Matches exp2_approx's special
+/// cases: x < -126 gives 0 (2^i with i = -127 is the float 0, as MUFU's flush to zero), -inf gives 0, NaN stays NaN
+/// (fmaxf would drop it: the clamp is max.NaN). 9 instructions, 8 of them on the FMA/ALU pipes.
+/// Source: Zadouri et al., "FlashAttention-4" (2026), "software emulation of the exponential".
+__device__ __forceinline__ float exp2_poly3(float x) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: adding it leaves floor(x) in the low mantissa bits
+  asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // x = max(x, -127), NaN kept
+  const float j = __fadd_rd(x, kMagic);
+  const float f = x - __fsub_rn(j, kMagic);  // f in [0, 1)
+  const float p = fmaf(fmaf(fmaf(0.07802403f, f, 0.22606707f), f, 0.695834f), f, 0.99992514f);
+  // bits(j) = 0x4B400000 + i; (bits << 23) = i << 23 (mod 2^32); + 127 << 23 = the float 2^i (0 for i = -127).
+  const float scale = __uint_as_float((__float_as_uint(j) << 23) + 0x3F800000u);
+  return p * scale;
+}
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));

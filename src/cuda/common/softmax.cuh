@@ -4,6 +4,10 @@
 // than kRescaleThreshold (log2 units), so P = exp2(s - m) stays <= 2^threshold; O and l are rescaled only then, and a
 // warp skips the O rescale entirely when none of its rows moved. Numerator and denominator use the same m.
 //
+// Optionally (kExp2EmuEighths > 0, FlashAttention-4's software exponential) that share of each row's 8-column groups
+// takes exp2 on the FMA pipe (exp2_poly3) instead of the MUFU, so that the two pipes share the exponentials; off by
+// default (measured 1-6% slower on the H200 with the sm90ws kernel: bench/results/h200-v3-2026-12-01.md).
+//
 // Non-finite scores follow IEEE (docs/design.md, "Non-finite inputs"): the max ignores NaN (fmaxf) but a NaN score
 // gives P = NaN and so l = NaN; +inf gives m = +inf and P = exp2(inf - inf) = NaN; a row whose visible scores are all
 // -inf keeps m = -inf and l = 0. finalize() turns these into out/lse and keeps "no visible key" (out 0, lse -inf)
@@ -17,7 +21,7 @@
 
 namespace flashkv::cuda::attn {
 
-template <int kMT, bool kRescaleSkip>
+template <int kMT, bool kRescaleSkip, int kExp2EmuEighths = 0>
 struct OnlineSoftmax {
   static constexpr float kRescaleThreshold = 8.f;
   float row_max[kMT][2];
@@ -61,7 +65,8 @@ struct OnlineSoftmax {
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2_approx(fmaf(s(mt, nt, hh, e), scale_log2, -m_scaled));
+            const float x = fmaf(s(mt, nt, hh, e), scale_log2, -m_scaled);
+            const float pv = (nt % 8) < kExp2EmuEighths ? exp2_poly3(x) : exp2_approx(x);
             s(mt, nt, hh, e) = pv;
             sum += pv;
           }

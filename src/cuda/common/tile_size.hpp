@@ -7,6 +7,8 @@
 // src/cuda/generate_instantiations.py (HEAD_DIMS); a tuned entry is one more line here.
 #pragma once
 
+#include <cstdint>
+
 namespace flashkv::cuda {
 
 /// Forward tile: kBlockM queries x kBlockN keys, warps (sm80) / warpgroups are kBlockM / 64 (sm90).
@@ -47,6 +49,38 @@ constexpr FwdTileSm90 fwd_tile_sm90(int head_dim) {
     case 256: return {true, 128, 64};
     default: return {head_dim % 64 == 0 && head_dim <= 256, 128, 64};
   }
+}
+/// The TMA warp-specialized sm90 forward (family sm90ws, sm90/mainloop_fwd_tma_ws.cuh): kBlockM = 128 (two consumer
+/// warpgroups of 64 rows), kBlockN keys per K/V stage, kStages-deep K and V rings; one producer warpgroup. Chosen from
+/// the kBlockN sweep on the H200 (bench/results/h200-v3-2026-12-01.md): hd64 N192 (113 KiB), hd128 N176 (209 KiB),
+/// hd256 N80 (225 KiB); 3 stages measured no better. `block_n_softcap`: the softcap kernels (tanh per score) spill
+/// in the K/V loop at those widths (ptxas: 152-236 bytes at 240 registers), so they take the widest tile that does
+/// not (hd64 N160, hd128 N144, hd256 N64; not yet timed). P V is one wgmma of N = head_dim and the tiles are
+/// 64-column panels, so head dims must be multiples of 64 up to 256 (96 runs padded on 128, 192 has no tile yet).
+struct FwdTileSm90Ws {
+  bool available;
+  int block_m, block_n, block_n_softcap, stages;
+};
+constexpr FwdTileSm90Ws fwd_tile_sm90ws(int head_dim) {
+  switch (head_dim) {
+    case 64: return {true, 128, 192, 160, 2};
+    case 128: return {true, 128, 176, 144, 2};
+    case 256: return {true, 128, 80, 64, 2};
+    default: return {false, 128, 64, 64, 2};
+  }
+}
+/// The automatic family's choice between the two Hopper forwards (kernels.cpp, select_kernel): sm90ws where the H200
+/// measured it ahead of the sm90 (cp.async wgmma) kernel, sm90 elsewhere. Measured (same run, 16k tokens, hidden 2048,
+/// fixed-length bf16 without softcap, bench/results/h200-v3-2026-12-01.md, sm90ws / sm90): 1.02-1.65x at every head
+/// dim from seqlen 2048 on, causal or not; at seqlen 512 hd256 1.31x (causal 1.11x), hd128 non-causal 1.27x, but
+/// hd128 causal 0.98x and hd64 0.91x (causal 0.75x): short K/V loops pay the warp-specialized pipeline's fill and
+/// drain. So: sm90ws when seqlen_k >= 2048, or head_dim >= 256, or head_dim >= 128 without a causal/window mask. (No
+/// cell between 512 and 2048 was measured: the boundary is conservative.) Varlen and softcap calls were not measured
+/// on sm90ws (softcap runs narrower tiles, block_n_softcap), so `auto` keeps them on sm90 until a benchmark shows
+/// otherwise; kernel_family = sm90ws runs them.
+constexpr bool sm90ws_preferred(int head_dim, int64_t seqlen_k, bool masked, bool varlen, bool softcap) {
+  if (varlen || softcap) return false;
+  return seqlen_k >= 2048 || head_dim >= 256 || (head_dim >= 128 && !masked);
 }
 /// The FA1-loop-order forward (progression benchmark): fixed 64 x 64, 4 warps.
 constexpr FwdTile fwd_v1_tile() { return {64, 64, 4}; }

@@ -7,14 +7,25 @@
 // split every 64-token K/V tile 4 ways (16 tokens each, own running max/sum/accumulator) and are merged at the end;
 // K/V tiles stream through a 3-stage cp.async ring. Each split writes a normalized partial output and its lse
 // (float32); decode_combine_kernel merges them. With num_splits == 1 the CTA writes the final output directly.
+//
+// Pages: the one page layout of kvcache/page_layout.hpp (a PagedKVCache layer, or a [num_pages, page_size, Hk, d]
+// tensor pair), addressed through DecodeParams' strides. Masking: core::MaskRule (bottom-right causal, window).
+// Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
+// merges (core/merge.hpp: only lse = −inf means "no key"); key slots past a sequence's length are zero-filled, never
+// read; where causal / window masking splits a warp's 16-key block and a value there is non-finite, P·V for that
+// block is summed in registers with the masked pairs selected out instead of multiplied by p = 0 (rare path, chosen by
+// a warp vote). A sequence whose length breaks the host's precondition gets NaN (DecodeParams::seqlens).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
-#include "cuda/params.hpp"
+#include "core/mask.hpp"
+#include "core/merge.hpp"
 #include "cuda/common/ptx.cuh"
-#include "cuda/sm80/mma.cuh"
 #include "cuda/common/tile.cuh"
+#include "cuda/decode_params.hpp"
+#include "cuda/sm80/mma.cuh"
 
 namespace flashkv::cuda::sm80 {
 
@@ -33,10 +44,65 @@ struct DecodeConfig {
   static constexpr int kSmemBytes = TileQ::kBytes + (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes);
 };
 
+/// max(a, b), NaN when either is NaN (fmaxf drops NaN).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+__device__ __forceinline__ float quad_max_nan(float x) {
+  x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/// Queries and keys of sequence b (varlen or fixed queries; key count checked against the precondition).
+struct DecodeSeq {
+  int64_t q_row0;
+  int seqlen_q;
+  int seqlen_k;
+  bool broken;  ///< seqlens[b] breaks the host's precondition: NaN out / lse, nothing appended
+};
+__device__ __forceinline__ DecodeSeq decode_seq(const DecodeParams& p, int b) {
+  DecodeSeq s;
+  if (p.cu_seqlens_q != nullptr) {
+    s.q_row0 = p.cu_seqlens_q[b];
+    s.seqlen_q = static_cast<int>(p.cu_seqlens_q[b + 1] - s.q_row0);
+  } else {
+    s.q_row0 = 0;
+    s.seqlen_q = p.seqlen_q;
+  }
+  const int64_t cached = p.seqlens[b];
+  const int64_t n = cached + p.seqlen_add;
+  s.broken = cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || n > p.capacity;
+  s.seqlen_k = s.broken ? 0 : static_cast<int>(n);
+  return s;
+}
+__device__ __forceinline__ core::MaskRule decode_rule(const DecodeParams& p, const DecodeSeq& s) {
+  return core::MaskRule{s.seqlen_q, s.seqlen_k, p.window_left, p.causal ? 0 : -1};
+}
+
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
+/// True when some element of v (16-bit T bits) is ±inf or NaN.
+template <class T>
+__device__ __forceinline__ bool nonfinite2(uint32_t v) {
+  constexpr uint32_t kExp = sizeof(T) == 2 && std::is_same_v<T, __half> ? 0x7c007c00u : 0x7f807f80u;
+  const uint32_t lo = v & (kExp & 0xffffu), hi = v & (kExp & 0xffff0000u);
+  return lo == (kExp & 0xffffu) || hi == (kExp & 0xffff0000u);
+}
+
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParams p) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStages = Cfg::kStages, kDT = kHeadDim / 8;
+  constexpr float kLn2 = 0.69314718055994531f;
   using TileQ = typename Cfg::TileQ;
   using TileKV = typename Cfg::TileKV;
   extern __shared__ __align__(128) char smem[];
@@ -47,25 +113,38 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
   const int b = blockIdx.z;
   const int group = p.num_heads / p.num_heads_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int capacity = p.max_seqlen_k;  // tokens the cache (page table) can hold: never read past it
-  int seqlen_k = p.seqlens_k[b];
-  if (capacity > 0 && seqlen_k > capacity) seqlen_k = capacity;
-  const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  const int per_split = (n_blocks + p.num_splits - 1) / p.num_splits;
-  const int nb_begin = split * per_split;
-  const int nb_end = min(n_blocks, nb_begin + per_split);
+  const DecodeSeq sq = decode_seq(p, b);
   const int row0 = rt * 16;
-  const int rows = min(16, p.rows_per_kv_head - row0);
-  const int shift = seqlen_k - p.seqlen_q;  // bottom-right causal alignment of the seqlen_q new tokens
+  const int rows_b = sq.seqlen_q * group;
+  if (row0 >= rows_b) return;  // varlen: no query rows of sequence b in this tile (the combine skips them too)
+  const int rows = min(16, rows_b - row0);
+  const int seqlen_k = sq.seqlen_k;
+  const core::MaskRule rule = decode_rule(p, sq);
+  // the CTA's visible keys, in key blocks
+  int64_t k_first = 0, k_last = 0;
+  rule.block_key_range(row0 / group, (row0 + rows - 1) / group + 1, &k_first, &k_last);
+  const int nb_lo = static_cast<int>(k_first / kBlockN);
+  const int nb_hi = k_last > k_first ? static_cast<int>((k_last + kBlockN - 1) / kBlockN) : nb_lo;
+  const int per_split = (nb_hi - nb_lo + p.num_splits - 1) / p.num_splits;
+  const int nb_begin = nb_lo + split * per_split;
+  const int nb_end = sq.broken ? nb_begin : min(nb_hi, nb_begin + per_split);
+  // visible keys [jlo, jhi) of this thread's two rows (g, g + 8)
+  int jlo[2], jhi[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int qi = min(row0 + g + 8 * hh, rows_b - 1) / group;
+    jlo[hh] = static_cast<int>(rule.row_first(qi));
+    jhi[hh] = static_cast<int>(rule.row_last(qi));
+  }
 
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sKV = sQ + TileQ::kBytes;
-  const T* qbase = static_cast<const T*>(p.q) + b * p.q_s.batch;
+  const T* qbase = static_cast<const T*>(p.q) + b * p.q_batch + sq.q_row0 * p.q_row;
   load_tile_async<TileQ, kThreads>(
       sQ,
       [&](int r) {
         const int pr = row0 + r, qi = pr / group, h = hk * group + pr % group;
-        return qbase + qi * p.q_s.row + h * p.q_s.head;
+        return qbase + qi * p.q_row + h * p.q_head;
       },
       rows, p.head_dim, qbase);
   cp_async_commit();
@@ -109,6 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
   for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.softmax_scale_log2;
+  const int q_lo = row0 / group, q_hi = (row0 + rows - 1) / group + 1;
 
   for (int it = 0; nb_begin + it < nb_end; ++it) {
     const int nb = nb_begin + it;
@@ -117,6 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
     if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
     const uint32_t soff = (it % kStages) * Cfg::kStageBytes;
+    const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -132,15 +213,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
       for (int e = 0; e < 4; ++e) {
         float x = s[nt][e];
         if (p.softcap) x = tanh_approx(x * p.score_scale);
-        const int j = nb * kBlockN + warp * 16 + nt * 8 + 2 * t + (e & 1);
-        const int qi = (row0 + g + (e >= 2 ? 8 : 0)) / group;
-        if (j >= seqlen_k || (p.causal && j > qi + shift)) x = -INFINITY;
+        const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+        const int hh = e >> 1;
+        if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
         s[nt][e] = x;
       }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = fmaxf(row_max[hh], fmaxf(fmaxf(s[0][2 * hh], s[0][2 * hh + 1]), fmaxf(s[1][2 * hh], s[1][2 * hh + 1])));
-      mx = quad_max(mx);
+      float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
+                                              max_nan(s[1][2 * hh], s[1][2 * hh + 1])));
+      mx = quad_max_nan(mx);
       const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
       const float corr = exp2_approx(row_max[hh] * scale_log2 - m_scaled);
       row_max[hh] = mx;
@@ -155,6 +237,46 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
           s[nt][2 * hh + e] = pv;
           row_sum[hh] += pv;
         }
+    }
+    // Where masking splits this warp's block (causal diagonal, window edge) a non-finite value must not meet p = 0
+    // in the MMA (0 · NaN = NaN): check the block's values (only such blocks: seqlen_q > 1 or a window), and if one
+    // is non-finite add p·v for it to the rows that see it, zero it in shared memory, and let the MMA do the rest —
+    // rows that do not see it get bit-for-bit what they get without it.
+    if (jw0 < seqlen_k && !rule.tile_fully_visible(q_lo, q_hi, jw0, min(jw0 + 16, seqlen_k))) {
+      const uint32_t vbase = sKV + TileKV::kBytes + soff;
+      bool bad = false;
+      for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
+        const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
+        bad |= nonfinite2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + key, c)));
+      }
+      if (__any_sync(0xffffffffu, bad)) {
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          const int j = jw0 + k;
+          const int src = (lane & ~3) | ((k % 8) / 2);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const float pk = __shfl_sync(0xffffffffu, s[k / 8][2 * hh + (k & 1)], src);
+            if (j < jlo[hh] || j >= jhi[hh]) continue;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+              const float2 vf = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
+              if (!isfinite(vf.x)) o[dt][2 * hh] += pk * vf.x;
+              if (!isfinite(vf.y)) o[dt][2 * hh + 1] += pk * vf.y;
+            }
+          }
+        }
+        __syncwarp();
+        for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
+          const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
+          const uint32_t addr = vbase + TileKV::offset_elem(warp * 16 + key, c);
+          const float2 vf = unpack2<T>(ld_shared_b32(addr));
+          if (!isfinite(vf.x) || !isfinite(vf.y)) {
+            st_shared_b32(addr, pack2<T>(isfinite(vf.x) ? vf.x : 0.f, isfinite(vf.y) ? vf.y : 0.f));
+          }
+        }
+        __syncwarp();
+      }
     }
     uint32_t a[4];
     a[0] = pack2<T>(s[0][0], s[0][1]);
@@ -172,16 +294,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
   cp_async_wait<0>();
   __syncthreads();
 
-  // ---- merge the 4 warps' partial softmax states (scratch reuses the K/V ring) ------------------------------------
+  // ---- merge the 4 warps' partial softmax states (core/merge.hpp; scratch reuses the K/V ring) ---------------------
   float* sO = reinterpret_cast<float*>(smem + TileQ::kBytes);  // [warp][16][kHeadDim]
-  float* sM = sO + Cfg::kNWarps * 16 * kHeadDim;               // [warp][16] scaled row max (log2 units)
+  float* sM = sO + Cfg::kNWarps * 16 * kHeadDim;               // [warp][16] row max (natural-log units)
   float* sL = sM + Cfg::kNWarps * 16;                          // [warp][16] row sum
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = g + 8 * hh;
     const float l = quad_sum(row_sum[hh]);
     if (t == 0) {
-      sM[warp * 16 + r] = row_max[hh] * scale_log2;  // -inf stays -inf
+      sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
       sL[warp * 16 + r] = l;
     }
 #pragma unroll
@@ -193,26 +315,27 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
   for (int idx = threadIdx.x; idx < 16 * (kHeadDim / 2); idx += kThreads) {
     const int r = idx / (kHeadDim / 2), c = (idx % (kHeadDim / 2)) * 2;
     if (r >= rows || c >= p.head_dim) continue;
+    const int pr = row0 + r, qi = pr / group, h = hk * group + pr % group;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Cfg::kNWarps; ++w) M = fmaxf(M, sM[w * 16 + r]);
+    for (int w = 0; w < Cfg::kNWarps; ++w) M = core::merge_max(M, sM[w * 16 + r]);
     float L = 0.f, ox = 0.f, oy = 0.f;
-    if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < Cfg::kNWarps; ++w) {
-        const float wt = exp2_approx(sM[w * 16 + r] - M);
-        L += wt * sL[w * 16 + r];
-        const float2 v = *reinterpret_cast<const float2*>(&sO[(w * 16 + r) * kHeadDim + c]);
-        ox += wt * v.x, oy += wt * v.y;
-      }
+    for (int w = 0; w < Cfg::kNWarps; ++w) {
+      const float wt = core::merge_weight(sM[w * 16 + r], M);
+      L = core::merge_accumulate(L, wt, sL[w * 16 + r]);
+      const float2 v = *reinterpret_cast<const float2*>(&sO[(w * 16 + r) * kHeadDim + c]);
+      ox = core::merge_accumulate(ox, wt, v.x), oy = core::merge_accumulate(oy, wt, v.y);
     }
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    const float lse = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : -INFINITY;
-    const int pr = row0 + r, qi = pr / group, h = hk * group + pr % group;
+    // one split: the row's own verdict (visible keys all −inf: NaN); a partial: "no key here" is −inf / 0
+    const bool has_keys = p.num_splits == 1 && rule.row_last(qi) > rule.row_first(qi);
+    float inv = core::merged_inv_sum(L, has_keys);
+    float lse = core::merged_lse(M, L, has_keys);
+    if (sq.broken) inv = lse = NAN;
     if (p.num_splits == 1) {
-      T* og = static_cast<T*>(p.out) + b * p.out_s.batch + qi * p.out_s.row + h * p.out_s.head + c;
+      T* og = static_cast<T*>(p.out) + b * p.out_batch + (sq.q_row0 + qi) * p.out_row + h * p.out_head + c;
       *reinterpret_cast<uint32_t*>(og) = pack2<T>(ox * inv, oy * inv);
-      if (p.lse != nullptr && c == 0) p.lse[b * p.lse_batch + h * p.lse_head + qi * p.lse_row] = lse;
+      if (p.lse != nullptr && c == 0) p.lse[b * p.lse_batch + h * p.lse_head + (sq.q_row0 + qi) * p.lse_row] = lse;
     } else {
       const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.num_heads + h) * p.seqlen_q + qi;
       *reinterpret_cast<float2*>(p.o_accum + row * kHeadDim + c) = make_float2(ox * inv, oy * inv);
@@ -221,7 +344,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
   }
 }
 
-/// Merges the num_splits partial outputs: one warp per (batch, head, query row).
+/// Merges the num_splits partial outputs (core/merge.hpp: the (m = lse_s, l = 1, acc = o_s) instance): one warp per
+/// (batch, head, query row).
 template <int kHeadDim, class T>
 __global__ void decode_combine_kernel(const DecodeParams p) {
   const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
@@ -231,28 +355,32 @@ __global__ void decode_combine_kernel(const DecodeParams p) {
   const int qi = static_cast<int>(warp_id % p.seqlen_q);
   const int h = static_cast<int>((warp_id / p.seqlen_q) % p.num_heads);
   const int b = static_cast<int>(warp_id / (static_cast<int64_t>(p.seqlen_q) * p.num_heads));
+  const DecodeSeq sq = decode_seq(p, b);
+  if (qi >= sq.seqlen_q) return;  // varlen: past this sequence's queries
   float M = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) M = fmaxf(M, p.lse_accum[s * rows + warp_id]);
+  for (int s = 0; s < p.num_splits; ++s) M = core::merge_max(M, p.lse_accum[s * rows + warp_id]);
   constexpr int kPer = kHeadDim / 32;
   float acc[kPer] = {};
   float L = 0.f;
-  if (M != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = __expf(p.lse_accum[s * rows + warp_id] - M);
-      L += w;
-      const float* src = p.o_accum + (s * rows + warp_id) * kHeadDim;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float w = core::merge_weight(p.lse_accum[s * rows + warp_id], M);
+    L = core::merge_accumulate(L, w, 1.f);
+    const float* src = p.o_accum + (s * rows + warp_id) * kHeadDim;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[i] += w * src[lane + 32 * i];
-    }
+    for (int i = 0; i < kPer; ++i) acc[i] = core::merge_accumulate(acc[i], w, src[lane + 32 * i]);
   }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  T* og = static_cast<T*>(p.out) + b * p.out_s.batch + qi * p.out_s.row + h * p.out_s.head;
+  const core::MaskRule rule = decode_rule(p, sq);
+  const bool has_keys = rule.row_last(qi) > rule.row_first(qi);
+  float inv = core::merged_inv_sum(L, has_keys);
+  float lse = core::merged_lse(M, L, has_keys);
+  if (sq.broken) inv = lse = NAN;
+  T* og = static_cast<T*>(p.out) + b * p.out_batch + (sq.q_row0 + qi) * p.out_row + h * p.out_head;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = lane + 32 * i;
     if (c < p.head_dim) og[c] = static_cast<T>(acc[i] * inv);
   }
-  if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch + h * p.lse_head + qi * p.lse_row] = L > 0.f ? M + logf(L) : -INFINITY;
+  if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch + h * p.lse_head + (sq.q_row0 + qi) * p.lse_row] = lse;
 }
 
 }  // namespace flashkv::cuda::sm80

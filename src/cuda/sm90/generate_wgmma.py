@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Writes wgmma_ops.cuh: inline-PTX wrappers for the Hopper warpgroup MMA instructions the sm90 kernels use,
    wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{bf16,f16}.{bf16,f16}
-with A and B from shared memory (wgmma_ss, descriptors; N in N_VALUES) or A from registers (wgmma_rs: four 32-bit
+with A and B from shared memory (wgmma_ss, descriptors; N in N_VALUES, used by the sm90 and the TMA
+warp-specialized kernels) or A from registers (wgmma_rs: four 32-bit
 registers per thread holding the warp's 16 x 16 slice in the mma.m16n8k16 A-fragment order; N in N_RS). Each wrapper takes the float32 accumulator array (N/2 registers per thread), the two 64-bit matrix
 descriptors, scale_d (0: D = A*B, 1: D += A*B) and the transpose flags as template arguments (0 = K-major,
 1 = MN-major; PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", wgmma.mma_async).
 Re-run after changing N_VALUES:  python3 src/cuda/sm90/generate_wgmma.py > src/cuda/sm90/wgmma_ops.cuh
 """
-N_VALUES = [32, 64, 128]
-N_RS = [64, 128]
+# S tiles of the TMA warp-specialized forward (kBlockN 64..256 in steps of 16) and the other kernels' 32/64/128.
+N_VALUES = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256]
+# O += P V: N = the O chunk (sm90 forward: 64/128) or the whole head dim (TMA warp-specialized forward: 64/128/256).
+N_RS = [64, 128, 256]
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
 
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "flashkv/diagnostics.hpp"
 #include "flashkv/kvcache.hpp"
 
 namespace {
@@ -80,7 +81,7 @@ void BM_decode(benchmark::State& state, const std::string& dtype) {
   state.counters["bits_per_element"] = r.bits_per_element;
   state.counters["bytes_per_second"] =
       benchmark::Counter(static_cast<double>(r.total_bytes), benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(dtype);
+  state.SetLabel(dtype + " [" + flashkv::last_kernel_path() + "]");  // the kernel path taken (issue 10 item 4)
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include <memory>
+#include "flashkv/diagnostics.hpp"
 #include "flashkv/kvcache.hpp"
 static double tcpu() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static double twall() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
@@ -54,11 +55,16 @@ int main(int argc, char** argv) {
     for (int it = 0; it < inner; ++it) caches[i]->attention(ids, cu, 0, qv, ov, nullptr, opt);
     tc[i].push_back((tcpu() - c0) / inner * 1e3); tw[i].push_back((twall() - w0) / inner * 1e3);
   }
+  std::vector<std::string> paths;  // the kernel path each format took (flashkv::last_kernel_path)
+  for (size_t i = 0; i < fmts.size(); ++i) {
+    caches[i]->attention(ids, cu, 0, qv, ov, nullptr, opt);
+    paths.push_back(flashkv::last_kernel_path());
+  }
   auto med = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; };
   auto mn = [](const std::vector<double>& x) { return *std::min_element(x.begin(), x.end()); };
   double bc = med(tc[0]), bw = med(tw[0]), bmin = mn(tw[0]);
   for (size_t i = 0; i < fmts.size(); ++i)
-    printf("%-18s ctx %6ld thr %d  wall %7.3f ms (%.2fx)  cpu %7.3f ms (%.2fx)  min wall %7.3f ms (%.2fx)\n",
+    printf("%-18s ctx %6ld thr %d  wall %7.3f ms (%.2fx)  cpu %7.3f ms (%.2fx)  min wall %7.3f ms (%.2fx)  [%s]\n",
            fmts[i].c_str(), (long)ctx, threads, med(tw[i]), bw / med(tw[i]), med(tc[i]), bc / med(tc[i]), mn(tw[i]),
-           bmin / mn(tw[i]));
+           bmin / mn(tw[i]), paths[i].c_str());
 }

@@ -1,0 +1,50 @@
+// Kernel parameters of the CUDA split-KV decode (src/cuda/sm80/decode_kernel.cuh), filled by the decode plan
+// (src/cuda/decode_cuda.cpp) from a validated core::DecodeProblem. The K / V pages are addressed exactly as
+// kvcache/page_layout.hpp's kv::HalfPages (one PagedKVCache layer, or a [num_pages, page_size, num_heads_kv, head_dim]
+// tensor pair), in ELEMENTS: row (page, head, slot) = k_cache + page·k_page + head·k_head + slot·k_row.
+#pragma once
+
+#include <cstdint>
+
+namespace flashkv::cuda {
+
+struct TensorStrides;
+
+struct DecodeParams {
+  const void* q = nullptr;  ///< [batch, seqlen_q, num_heads, head_dim], or varlen [total_q, num_heads, head_dim]
+  void* out = nullptr;      ///< like q
+  float* lse = nullptr;     ///< optional; fixed [batch, num_heads, seqlen_q], varlen [num_heads, total_q]
+  int64_t q_batch = 0, q_row = 0, q_head = 0;
+  int64_t out_batch = 0, out_row = 0, out_head = 0;
+  int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
+  const int32_t* cu_seqlens_q = nullptr;  ///< varlen: [batch + 1] (nullptr: seqlen_q queries per sequence)
+
+  const void* k_cache = nullptr;  ///< pages of the layer (see the file comment)
+  const void* v_cache = nullptr;
+  int64_t k_page = 0, k_row = 0, k_head = 0;
+  int64_t v_page = 0, v_row = 0, v_head = 0;
+  const int32_t* page_table = nullptr;  ///< [batch, max_pages]; nullptr: contiguous caches, page id = batch index
+  int64_t page_table_batch = 0;
+  int32_t page_size_log2 = 0;
+
+  /// Keys of sequence b = seqlens[b] + seqlen_add. A sequence with seqlens[b] < 0, > promised_max (when > 0), or
+  /// seqlens[b] + seqlen_add > capacity breaks the host's precondition: its out / lse are NaN and nothing is appended
+  /// (never a clamp).
+  const int32_t* seqlens = nullptr;
+  int32_t seqlen_add = 0;
+  int32_t promised_max = 0;
+  int64_t capacity = 0;
+
+  int32_t batch = 0, seqlen_q = 0, num_heads = 0, num_heads_kv = 0, head_dim = 0;
+  int32_t num_splits = 1;
+  int32_t rows_per_kv_head = 0;  ///< max seqlen_q · (num_heads / num_heads_kv): rows packed per kv head (PackGQA)
+  bool causal = false;           ///< bottom-right aligned over each sequence's queries
+  int32_t window_left = -1;      ///< −1 = unbounded
+  /// s = qk·score_scale, then (softcap) s = tanh(s); the softmax uses exp2(s·softmax_scale_log2 − m).
+  float score_scale = 1.f, softmax_scale_log2 = 1.f;
+  bool softcap = false;
+  float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
+  float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
+};
+
+}  // namespace flashkv::cuda

@@ -1,0 +1,90 @@
+// The KV format trait (src/kvcache/format/traits.hpp) compiled by nvcc and run on the device (label gpu): encoding
+// units on the GPU gives the CPU codec's codes and metadata bit for bit, and dequantizing on the GPU gives the host
+// trait's values bit for bit, for every format, K and V, head_dim 64 / 128 — the foundation of the CUDA quantized
+// cache (issue #12).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/reference.hpp"
+#include "flashkv/kvcache.hpp"
+#include "kvcache/format/codec.hpp"
+#include "kvcache/format/traits.hpp"
+#include "kv_traits_kernels.hpp"
+
+namespace {
+
+using flashkv::kv::KVHalfFormat;
+
+void ok(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+template <class T>
+T* dev_copy(const std::vector<T>& h) {
+  T* p = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(h.size(), 1) * sizeof(T));
+  cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+template <class T>
+std::vector<T> host_copy(const T* p, size_t n) {
+  std::vector<T> h(n);
+  cudaDeviceSynchronize();
+  cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return h;
+}
+
+TEST(CudaKVTraits, DeviceEncodeAndDequantMatchTheHostBitForBit) {
+  const char* formats[] = {"fp32",     "bf16",     "fp16",      "fp8_e4m3",      "fp8_e5m2",     "fp8_e4m3_dynamic",
+                           "fp8_e5m2_dynamic", "int8", "int8_g32", "int4", "int4_g64", "int4_kivi", "int2_kivi",
+                           "int2_kivi_g16"};
+  uint64_t salt = 900;
+  for (const char* name : formats) {
+    for (bool key : {true, false}) {
+      for (int d : {64, 128}) {
+        SCOPED_TRACE(std::string(name) + (key ? " K" : " V") + " d=" + std::to_string(d));
+        const flashkv::KVFormatSpec spec = flashkv::parse_kv_format(name);
+        const int P = 64;
+        flashkv::kv::KVCodec codec(spec, key, d, P, 1, {0.37f});
+        const KVHalfFormat f = codec.format();
+        std::mt19937_64 rng = flashkv::testing::make_rng(salt++);
+        std::normal_distribution<float> n01(0.0f, 2.0f);
+        std::vector<float> x(static_cast<size_t>(P) * d);
+        for (float& v : x) v = n01(rng);
+        x[3] = 0.0f;
+        const size_t cb = static_cast<size_t>(f.code_bytes) * P;
+        const size_t mb = static_cast<size_t>(std::max<int64_t>(f.meta_bytes_per_page_head(P), 1));
+        std::vector<uint8_t> hc(cb, 0xFF), hm(mb, 0xFF);
+        codec.encode(0, x.data(), P, hc.data(), hm.data(), 0);
+        float* dx = dev_copy(x);
+        uint8_t* dc = dev_copy(std::vector<uint8_t>(cb, 0xFF));
+        uint8_t* dm = dev_copy(std::vector<uint8_t>(mb, 0xFF));
+        uint8_t* scratch = dev_copy(std::vector<uint8_t>(static_cast<size_t>(P) * d, 0));
+        flashkv::cudatest::trait_encode_on_device(f, dx, P, dc, dm, codec.head_scale(0), scratch);
+        ok(cudaGetLastError(), "encode launch");
+        EXPECT_EQ(host_copy(dc, cb), hc) << "codes differ from the CPU codec";
+        EXPECT_EQ(host_copy(dm, mb), hm) << "metadata differs from the CPU codec";
+        float* dout = nullptr;
+        ok(cudaMalloc(reinterpret_cast<void**>(&dout), x.size() * 4), "malloc");
+        flashkv::cudatest::trait_dequant_on_device(f, dc, dm, P, codec.head_scale(0), dout);
+        ok(cudaGetLastError(), "dequant launch");
+        const std::vector<float> got = host_copy(dout, x.size());
+        for (int t = 0; t < P; ++t) {
+          for (int c = 0; c < d; ++c) {
+            const float want = f.dequant(hc.data(), hm.data(), t, c, codec.head_scale(0));
+            ASSERT_EQ(flashkv::kv::float_as_u32(got[static_cast<size_t>(t) * d + c]), flashkv::kv::float_as_u32(want))
+                << "t=" << t << " c=" << c;
+          }
+        }
+        for (void* p : {static_cast<void*>(dx), static_cast<void*>(dc), static_cast<void*>(dm),
+                        static_cast<void*>(scratch), static_cast<void*>(dout)}) {
+          cudaFree(p);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
