@@ -10,6 +10,7 @@
 #include "cli/command.hpp"
 #include "cli/util_model_cli.hpp"
 #include "cli/util_parse.hpp"
+#include "eval/evaluation.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -32,7 +33,8 @@ void run(const ChatArgs& a) {
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const Tokenizer& tok = *lm.tokenizer;
   render_chat(tok.chat_template(), {}, false);  // Error now, before reading input, if the model has no ChatML template
-  Engine engine(lm.model, spec, 1, a.context);
+  // KIVI group fitted to head_dim, as eval and demo (eval::fit_kv_spec)
+  Engine engine(lm.model, eval::fit_kv_spec(spec, lm.model.config.head_dim), 1, a.context);
   Sampler sampler(sc);
   const int32_t seq = engine.add_sequence();
   const bool interactive = a.messages.empty() && ::isatty(STDIN_FILENO) && !a.json;

@@ -11,6 +11,7 @@
 #include "cli/util_model_cli.hpp"
 #include "cli/util_output.hpp"
 #include "cli/util_parse.hpp"
+#include "eval/evaluation.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
 
@@ -51,7 +52,8 @@ void run(const GenerateArgs& a) {
   const std::vector<int32_t> prompt = tok.encode_prompt(prompt_text);
   if (prompt.empty())
     throw Error("prompt", "a non-empty prompt (this model's tokenizer adds no BOS token to start from)", "''");
-  Engine engine(lm.model, spec, 1, a.context);
+  // KIVI group fitted to head_dim, as eval and demo (eval::fit_kv_spec)
+  Engine engine(lm.model, eval::fit_kv_spec(spec, lm.model.config.head_dim), 1, a.context);
   if (prompt.size() > static_cast<std::size_t>(engine.max_context()))
     throw Error("prompt", "at most " + std::to_string(engine.max_context()) + " tokens (the context)",
                 std::to_string(prompt.size()) + " tokens");
@@ -76,12 +78,12 @@ void run(const GenerateArgs& a) {
   // shape, page size and tokens, pages counted on both sides.
   const ModelConfig& mc = lm.model.config;
   const double bf16_bytes = static_cast<double>(flashkv::cli::bf16_reference_bytes(
-      mc.n_layers, mc.num_heads_kv, mc.head_dim, spec.page_size, 1, static_cast<int64_t>(g.kv.tokens)));
+      mc.n_layers, mc.num_heads_kv, mc.head_dim, engine.spec().page_size, 1, static_cast<int64_t>(g.kv.tokens)));
   if (a.json) {
     nlohmann::json j = {{"model", lm.alias.empty() ? lm.model.path : lm.alias}, {"prompt", prompt_text},
                         {"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens},
                         {"text", tok.decode(g.tokens)},
-                        {"stop", stop_reason_name(g.stop)}, {"stop_token", g.stop_token}, {"kv_cache", spec.label()},
+                        {"stop", stop_reason_name(g.stop)}, {"stop_token", g.stop_token}, {"kv_cache", engine.spec().label()},
                         {"prefill_seconds", g.prefill_seconds}, {"decode_seconds", g.decode_seconds},
                         {"decode_steps", g.decode_steps},
                         {"prefill_tokens_per_s", prefill_tps}, {"decode_tokens_per_s", decode_tps},
@@ -97,7 +99,7 @@ void run(const GenerateArgs& a) {
   std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s\n", prompt.size(),
               prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop));
   std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element), %s (bf16: %.0f bytes)\n",
-              spec.label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
+              engine.spec().label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
               flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes)).c_str(), bf16_bytes);
 }
 

@@ -1,81 +1,218 @@
 #include "eval/demo.hpp"
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "eval/prompt.hpp"
+#include "eval/report.hpp"
 #include "flashkv/error.hpp"
+#include "flashkv/kvcache.hpp"
 
 namespace flashkv::eval {
 
-int32_t demo_kivi_group(int32_t head_dim) { return head_dim >= 32 ? 32 : head_dim; }
+int32_t demo_kivi_group(int32_t head_dim) {
+  const int32_t g =
+      parse_kv_cache_dtype(fit_kv_spec(parse_format_item("int4_kivi"), head_dim).kv_cache_dtype).first.group_size;
+  return g > 0 ? g : 32;
+}
 
 std::vector<KVCacheSpec> demo_formats(int32_t head_dim) {
-  const std::string g = "_g" + std::to_string(demo_kivi_group(head_dim));
   std::vector<KVCacheSpec> f;
-  for (const std::string s : {"fp32", "bf16", "fp8_e4m3", "int8", "int4"}) f.push_back(parse_format_item(s));
-  f.push_back(parse_format_item("int4_kivi" + g));
-  f.push_back(parse_format_item("int2_kivi" + g + "+r32"));
+  for (const std::string s : {"fp32", "bf16", "fp8_e4m3", "int8", "int4", "int4_kivi", "int2_kivi+r32"})
+    f.push_back(fit_kv_spec(parse_format_item(s), head_dim));
   return f;
 }
+
+namespace {
+bool is_fp32(const KVCacheSpec& s) { return s.kv_cache_dtype == "fp32" && s.residual == 0 && s.sinks == 0 && !s.rotate; }
+constexpr const char* kChatQuestion = "Explain in two sentences why the sky is blue.";
+}  // namespace
 
 DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress& progress) {
   const Model& model = lm.model;
   const Tokenizer& tok = *lm.tokenizer;
   const ModelConfig& c = model.config;
-  const std::vector<KVCacheSpec> formats = o.formats.empty() ? demo_formats(c.head_dim) : o.formats;
-  if (o.samples < 0) throw Error("samples", ">= 0", std::to_string(o.samples));
+  std::vector<KVCacheSpec> formats = o.formats.empty() ? demo_formats(c.head_dim) : o.formats;
+  std::vector<KVCacheSpec> specs;  // without the fp32 reference (always run, first)
+  for (const auto& s : formats)
+    if (!is_fp32(s)) specs.push_back(s);
+  if (o.steps < 0) throw Error("steps", ">= 0 (0 = 48)", std::to_string(o.steps));
+  if (o.chunks < 1) throw Error("chunks", ">= 1", std::to_string(o.chunks));
   DemoResult res;
-  res.prompt_tokens = tok.encode(o.prompt, true, false);
-  if (res.prompt_tokens.size() > static_cast<std::size_t>(c.seq_len))
-    throw Error("prompt", "at most " + std::to_string(c.seq_len) + " tokens (the model's context)",
+  res.context = std::min(o.context, c.seq_len);
+
+  // 1) Quality: llama-perplexity protocol on the text's first chunks. Only as much text as needed is tokenized.
+  std::ifstream f(o.text_path, std::ios::binary);
+  if (!f)
+    throw IoError("flashkv: cannot open the demo text '" + o.text_path +
+                  "' (Debian's base-files ships it; pass another UTF-8 text with --text)");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  res.text_bytes = static_cast<int64_t>(text.size());
+  const std::size_t want = static_cast<std::size_t>(res.context) * static_cast<std::size_t>(o.chunks);
+  std::vector<int32_t> tokens;
+  for (std::size_t take = std::min(text.size(), want * 8);; take = std::min(text.size(), take * 2)) {
+    std::size_t cut = take;  // cut at a line end so no word is split
+    if (cut < text.size()) {
+      const std::size_t nl = text.rfind('\n', cut);
+      if (nl != std::string::npos && nl > 0) cut = nl + 1;
+    }
+    tokens = text_tokens(tok, text.substr(0, cut));
+    if (tokens.size() >= want || take == text.size()) break;
+  }
+  PerplexityOptions po;
+  po.n_ctx = res.context;
+  po.max_chunks = o.chunks;
+  po.bos_id = tokenizer_adds_bos(tok) ? tok.bos_id() : -1;
+  int64_t base = 0, total = 0;
+  auto sub = [&](int64_t d, int64_t t) {
+    if (progress) progress(base + d, total == 0 ? t : total);
+  };
+  // Passkey plan first, so that the progress total covers both parts.
+  PasskeyOptions pk;
+  pk.contexts = {res.context};
+  pk.depths = o.passkey_depths;
+  pk.keys = 1;
+  bool passkey = !o.passkey_depths.empty();
+  int64_t pk_tokens = 0;
+  if (passkey) {
+    try {
+      for (double d : pk.depths)
+        pk_tokens += static_cast<int64_t>(passkey_prompt(lm, res.context, d, "00000", pk.answer_tokens).size());
+    } catch (const Error&) {
+      passkey = false;
+      res.passkey_note = "passkey: the prompt does not fit this model's " + std::to_string(c.seq_len) + "-token context";
+    }
+  }
+  total = static_cast<int64_t>(res.context) * o.chunks * static_cast<int64_t>(specs.size() + 1) +
+          pk_tokens * static_cast<int64_t>(specs.size() + 1);
+  const TextResult tr = evaluate_text(model, specs, tokens, po, sub);
+  base += static_cast<int64_t>(res.context) * tr.chunks * static_cast<int64_t>(specs.size() + 1);
+  res.scored_tokens = tr.reference.scored;
+
+  // 2) Retrieval.
+  PasskeyResult pr;
+  if (passkey) pr = run_passkey(lm, specs, pk, sub);
+
+  // 3) Greedy continuation per format (the fp32 cache first: its text is the reference).
+  const bool chat = has_chat_template(lm);
+  if (!o.prompt.empty() || chat) {
+    const std::string q = o.prompt.empty() ? kChatQuestion : o.prompt;
+    res.prompt_tokens = chat ? chat_prompt_tokens(lm, q, "") : tok.encode(q, tokenizer_adds_bos(tok), false);
+    res.prompt_text = q;
+  } else {
+    res.prompt_tokens = {tok.bos_id()};
+  }
+  if (res.prompt_tokens.size() >= static_cast<std::size_t>(c.seq_len))
+    throw Error("prompt", "fewer than " + std::to_string(c.seq_len) + " tokens (the model's context)",
                 std::to_string(res.prompt_tokens.size()) + " tokens");
   const int32_t room = c.seq_len - static_cast<int32_t>(res.prompt_tokens.size()) + 1;
-  if (o.steps < 0) throw Error("steps", ">= 0 (0 = to the context end)", std::to_string(o.steps));
-  const int32_t steps = o.steps == 0 ? room : std::min(o.steps, room);
-
-  // 1) The fp32 cache's greedy text (the reference; also warms caches and thread pools before anything is timed),
-  //    then greedy generation per format.
-  std::vector<int32_t> ref_tokens;
-  {
-    Engine engine(model, KVCacheSpec{}, 1);
-    Sampler greedy(SamplerConfig{});
-    ref_tokens = generate(engine, res.prompt_tokens, steps, greedy).tokens;
-  }
-  std::vector<GenerationResult> gens;
-  for (const auto& spec : formats) {
-    Engine engine(model, spec, 1);
-    // Best of 3 identical greedy runs for the decode speed (the tokens are the same every time).
+  const int32_t steps = std::min(o.steps == 0 ? 48 : o.steps, room);
+  const bool tiny = model.weight_bytes() < (std::size_t{16} << 20);
+  const int32_t reps = o.repeats > 0 ? o.repeats : (tiny ? 3 : 1);
+  std::vector<KVCacheSpec> all{KVCacheSpec{}};
+  all.insert(all.end(), specs.begin(), specs.end());
+  const std::vector<int32_t> stops = stop_tokens(lm);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    DemoRow row;
+    row.spec = all[i];
+    row.label = all[i].label();
+    Engine engine(model, all[i], 1);
     GenerationResult best;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int32_t rep = 0; rep < reps; ++rep) {
       Sampler greedy(SamplerConfig{});
       GenerationResult g = generate(engine, res.prompt_tokens, steps, greedy);
       if (rep == 0 || g.decode_seconds < best.decode_seconds) best = std::move(g);
     }
-    gens.push_back(std::move(best));
-  }
-  // 2) Teacher-forced sequences: the fp32 greedy text (prompt + generated), plus sampled ones.
-  std::vector<std::vector<int32_t>> seqs;
-  std::vector<int32_t> first = res.prompt_tokens;
-  first.insert(first.end(), ref_tokens.begin(), ref_tokens.end());
-  if (first.size() > static_cast<std::size_t>(c.seq_len)) first.resize(static_cast<std::size_t>(c.seq_len));
-  seqs.push_back(first);
-  if (o.samples > 0) {
-    auto sampled = sample_sequences(model, o.samples, c.seq_len, o.seed);
-    seqs.insert(seqs.end(), sampled.begin(), sampled.end());
-  }
-  res.rows = evaluate(model, formats, seqs, 0, progress);
-  res.sequences = static_cast<int32_t>(seqs.size());
-  for (std::size_t i = 0; i < res.rows.size(); ++i) {
-    FormatRow& row = res.rows[i];
-    const GenerationResult& g = gens[i];
-    row.decode_tok_s = g.decode_seconds > 0 ? g.decode_steps / g.decode_seconds : 0.0;
-    row.greedy_tokens = g.tokens;
-    row.greedy_text = tok.decode(g.tokens);
-    row.greedy_divergence = -1;
-    const std::size_t n = std::min(g.tokens.size(), ref_tokens.size());
-    for (std::size_t t = 0; t < n; ++t)
-      if (g.tokens[t] != ref_tokens[t]) { row.greedy_divergence = static_cast<int32_t>(t); break; }
-    if (row.greedy_divergence < 0 && g.tokens.size() != ref_tokens.size()) row.greedy_divergence = static_cast<int32_t>(n);
-    res.positions = row.metrics.positions;
+    row.decode_tok_s = best.decode_seconds > 0 ? best.decode_steps / best.decode_seconds : 0.0;
+    row.greedy_tokens = best.tokens;
+    row.greedy_text = tok.decode(best.tokens);
+    if (i == 0) {
+      row.quality = tr.reference;
+      row.effective_bits = 32.0;  // fp32: no metadata, no windows
+      row.bytes_per_token = 2.0 * c.n_layers * c.num_heads_kv * c.head_dim * 4.0;
+      row.ratio_vs_bf16 = 0.5;
+    } else {
+      const TextRow& t = tr.rows[i - 1];
+      row.quality = t.stats;
+      row.bytes_per_token = t.bytes_per_token;
+      row.effective_bits = t.effective_bits;
+      row.ratio_vs_bf16 = t.ratio_vs_bf16;
+      row.prefill_tok_s = t.prefill_tok_s;
+    }
+    if (passkey) {
+      const PasskeyFormat& p = pr.formats[i];
+      row.passkey_trials = static_cast<int32_t>(p.trials.size());
+      for (const auto& t : p.trials) row.passkey_ok += t.success ? 1 : 0;
+    }
+    if (i > 0) {
+      const auto& ref = res.rows.front().greedy_tokens;
+      const std::size_t n = std::min(ref.size(), row.greedy_tokens.size());
+      for (std::size_t t = 0; t < n && row.greedy_divergence < 0; ++t)
+        if (ref[t] != row.greedy_tokens[t]) row.greedy_divergence = static_cast<int32_t>(t);
+      if (row.greedy_divergence < 0 && ref.size() != row.greedy_tokens.size())
+        row.greedy_divergence = static_cast<int32_t>(n);
+    }
+    res.rows.push_back(std::move(row));
   }
   return res;
+}
+
+namespace {
+std::string fm(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+}  // namespace
+
+std::string demo_table(const DemoResult& r) {
+  const bool pk = r.passkey_note.empty();
+  std::vector<std::string> head = {"kv cache", "bytes/token", "eff. bits", "vs bf16", "prefill tok/s", "decode tok/s",
+                                   "PPL", "mean KLD", "same top-1"};
+  if (pk) head.push_back("passkey");
+  head.push_back("greedy div");
+  std::vector<std::vector<std::string>> cells;
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    const DemoRow& d = r.rows[i];
+    std::vector<std::string> c = {d.label, fm("%.0f", d.bytes_per_token), fm("%.2f", d.effective_bits),
+                                  fm("%.2fx", d.ratio_vs_bf16), i == 0 ? "—" : fm("%.0f", d.prefill_tok_s),
+                                  fm("%.0f", d.decode_tok_s), fm("%.3f", d.quality.ppl),
+                                  i == 0 ? "0 (reference)" : fm(d.quality.kld_mean < 1e-3 ? "%.2e" : "%.4f", d.quality.kld_mean),
+                                  i == 0 ? "—" : fm("%.1f%%", 100 * d.quality.same_top1)};
+    if (pk) c.push_back(std::to_string(d.passkey_ok) + "/" + std::to_string(d.passkey_trials));
+    c.push_back(i == 0 ? "—" : d.greedy_divergence < 0 ? "none" : "step " + std::to_string(d.greedy_divergence));
+    cells.push_back(std::move(c));
+  }
+  return markdown_table(head, cells);
+}
+
+nlohmann::json demo_to_json(const DemoResult& r) {
+  nlohmann::json j = {{"context", r.context}, {"text_bytes", r.text_bytes}, {"scored_tokens", r.scored_tokens},
+                      {"passkey_note", r.passkey_note}, {"prompt_tokens", r.prompt_tokens},
+                      {"prompt_text", r.prompt_text}};
+  j["formats"] = nlohmann::json::array();
+  for (const DemoRow& d : r.rows) {
+    j["formats"].push_back({{"label", d.label},
+                            {"kv_cache_dtype", d.spec.kv_cache_dtype},
+                            {"residual", d.spec.residual},
+                            {"bytes_per_token", d.bytes_per_token},
+                            {"effective_bits", d.effective_bits},
+                            {"ratio_vs_bf16", d.ratio_vs_bf16},
+                            {"prefill_tok_s", d.prefill_tok_s},
+                            {"decode_tok_s", d.decode_tok_s},
+                            {"ppl", d.quality.ppl},
+                            {"delta_ppl", d.quality.delta_ppl},
+                            {"mean_kl", d.quality.kld_mean},
+                            {"max_kl", d.quality.kld_max},
+                            {"top1", d.quality.same_top1},
+                            {"passkey_ok", d.passkey_ok},
+                            {"passkey_trials", d.passkey_trials},
+                            {"greedy_divergence", d.greedy_divergence},
+                            {"greedy_tokens", d.greedy_tokens},
+                            {"greedy_text", d.greedy_text}});
+  }
+  return j;
 }
 
 }  // namespace flashkv::eval

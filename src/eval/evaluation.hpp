@@ -30,6 +30,12 @@ KVCacheSpec parse_format_item(const std::string& item, const KVCacheSpec& defaul
 KVCacheSpec spec_from_options(const std::string& kv_cache, const std::string& kv_k, const std::string& kv_v,
                               int32_t residual, int32_t sinks, const std::string& rotate, int32_t page_size);
 
+/// The spec as it runs on a model of this head_dim (generate, eval and demo all call it): a KIVI format without an
+/// explicit group ("int4_kivi", default G = 32) gets the largest allowed group that fits when 32 does not (G must
+/// divide the page size, and head_dim for values): int4_kivi on head_dim 16 runs as int4_kivi_g16. An explicit group
+/// that does not fit throws Error naming 'kv-cache' with the spelling that works. Aliases become canonical names.
+KVCacheSpec fit_kv_spec(const KVCacheSpec& spec, int32_t head_dim);
+
 /// Progress callback: (done, total) units of work.
 using Progress = std::function<void(int64_t, int64_t)>;
 

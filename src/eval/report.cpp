@@ -33,25 +33,7 @@ std::string format_table(const std::vector<FormatRow>& rows, bool greedy) {
     if (greedy) c.push_back(r.greedy_divergence < 0 ? std::string("none") : "step " + std::to_string(r.greedy_divergence));
     cells.push_back(std::move(c));
   }
-  std::vector<std::size_t> w(head.size());
-  for (std::size_t i = 0; i < head.size(); ++i) {
-    w[i] = head[i].size();
-    for (const auto& c : cells) w[i] = std::max(w[i], c[i].size());
-  }
-  std::ostringstream os;
-  auto line = [&](const std::vector<std::string>& c) {
-    os << "|";
-    for (std::size_t i = 0; i < c.size(); ++i) {
-      os << ' ' << c[i] << std::string(w[i] - c[i].size(), ' ') << " |";
-    }
-    os << '\n';
-  };
-  line(head);
-  os << "|";
-  for (std::size_t i = 0; i < head.size(); ++i) os << std::string(w[i] + 2, '-') << "|";
-  os << '\n';
-  for (const auto& c : cells) line(c);
-  return os.str();
+  return markdown_table(head, cells);
 }
 
 nlohmann::json rows_to_json(const std::vector<FormatRow>& rows) {

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """CLI checks run by ctest: `check_cli.py <flashkv binary> <check>`; prints 'N passed, M failed' and exits 1 on failure.
 
-checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line)."""
+checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line),
+docs (every `flashkv ...` / `scripts/flashkv ...` command shown in docs/engine.md, and README.md's engine commands,
+runs and exits 0)."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 passed = failed = 0
@@ -118,6 +122,60 @@ def check_bad_args(binary):
         expect(r.returncode == 2, f"{args}: exit code {r.returncode} (want 2): {r.stderr}")
         expect(len(lines) == 1, f"{args}: one line on stderr, got {len(lines)}: {r.stderr!r}")
         expect(name in r.stderr, f"{args}: message names {name}: {r.stderr!r}")
+
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", REPO.parent / "shared" / "models"))
+
+
+def documented_commands(path):
+    """Commands in the ```sh / ``` blocks of a markdown file: lines starting with `flashkv ` or `scripts/flashkv `,
+    joined over trailing backslashes, trailing `# comment` dropped."""
+    cmds, block, pending = [], False, ""
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            block = not block and line.strip() in ("```", "```sh", "```bash")
+            continue
+        if not block:
+            continue
+        text = pending + line.strip()
+        if text.endswith("\\"):
+            pending = text[:-1] + " "
+            continue
+        pending = ""
+        text = re.sub(r"\s+#\s.*$", "", text).strip()
+        if text.startswith("flashkv ") or text.startswith("scripts/flashkv "):
+            cmds.append(text)
+    return cmds
+
+
+def check_docs(binary):
+    """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the shipped model and
+    tokenizer, ../shared/models = the models folder, scripts/flashkv = the built binary) in a temporary directory, so
+    the files it writes land there. Commands that name a model that is not installed are reported and skipped."""
+    # README.md: the engine / evaluation commands (the attention benchmark and `eval kv` examples take minutes on 2
+    # cores and have their own tests); docs/engine.md: every command.
+    engine_cmds = ("demo", "generate", "eval", "convert", "chat", "bench engine")
+    readme = [c for c in documented_commands(REPO / "README.md")
+              if c.split(" ", 1)[1].startswith(engine_cmds) and not c.split(" ", 1)[1].startswith("eval kv")]
+    cmds = list(dict.fromkeys(readme + documented_commands(REPO / "docs" / "engine.md")))  # each command once
+    expect(len(cmds) >= 8, f"found the documented commands ({len(cmds)})")
+    subst = {"M.bin": str(MODELS / "aidreams260K.bin"), "T.bin": str(MODELS / "aidreams260K.tok512.bin"),
+             "../shared/models": str(MODELS)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cmd in cmds:
+            argv = shlex.split(cmd)
+            argv = [binary] + argv[1:]
+            argv = [subst.get(a, a.replace("../shared/models", str(MODELS))) for a in argv]
+            env = dict(os.environ, FLASHKV_MODELS_DIR=str(MODELS))
+            t0 = time.time()
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
+            dt = time.time() - t0
+            if r.returncode != 0 and "not installed" in r.stderr:
+                print(f"SKIP (model not installed): {cmd}")
+                continue
+            print(f"{dt:6.1f} s  exit {r.returncode}  {cmd}")
+            expect(r.returncode == 0, f"documented command exits 0: {cmd}\n{r.stderr[-800:]}")
 
 
 def models_dir():
@@ -265,7 +323,7 @@ def main():
     binary, check = sys.argv[1], sys.argv[2]
     rc = {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args,
           "parsing": check_parsing, "output_paths": check_output_paths,
-          "memory_wording": check_memory_wording}[check](binary)
+          "memory_wording": check_memory_wording, "docs": check_docs}[check](os.path.abspath(binary))
     if rc == 77 and not failed:
         return 77
     print(f"{passed} passed, {failed} failed")

@@ -1,6 +1,8 @@
-"""End to end on the shipped model: `flashkv demo` and `flashkv eval` with assertions on the numbers that must hold:
-the fp32 cache against itself gives KL = 0 exactly and top-1 = 100%; averaged over several seeds
-KL(int8) < KL(int4) < KL(int2); bf16 is closer than int4; outputs (table, JSON, SVG) are written; errors exit 2."""
+"""End to end on the shipped 260K model: `flashkv demo`, `flashkv eval` (--text with llama-perplexity's protocol,
+--samples, --tokens), `eval passkey`, `bench engine`, with assertions on the numbers that must hold: the fp32 cache
+against itself gives KL = 0 exactly and top-1 = 100%; averaged over several seeds KL(int8) < KL(int4) < KL(int2);
+bf16 is closer than int4; KIVI groups are fitted to head_dim 16; outputs (table, JSON, SVG) are written; every error
+path exits 2 with one line. (The real model's runs are in test_smollm2_eval.py.)"""
 import json
 import os
 import subprocess
@@ -29,7 +31,7 @@ def run_cli(*args, timeout=120):
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "demo.json"
     # No time bound here: speed is a benchmark (docs/engine.md), not a test on a shared machine (85 s seen under load).
-    p = run_cli("demo", "--json", str(out), timeout=600)
+    p = run_cli("demo", "--model", MODEL, "--tokenizer", TOK, "--json", str(out), timeout=600)
     assert p.returncode == 0, p.stderr
     return p.stdout, json.loads(out.read_text())
 
@@ -38,12 +40,18 @@ def test_demo_table_and_texts(demo):
     stdout, j = demo
     labels = [f["label"] for f in j["formats"]]
     assert labels[:5] == ["fp32", "bf16", "fp8_e4m3", "int8", "int4"]
-    assert labels[5].startswith("int4_kivi") and labels[6].startswith("int2_kivi") and "r32" in labels[6]
+    assert labels[5] == "int4_kivi_g16" and labels[6] == "int2_kivi_g16 r32"  # G fitted to head_dim 16
     for l in labels:
         assert "| " + l in stdout
-    for col in ["bytes/token", "eff. bits", "decode tok/s", "mean KL", "top-1", "greedy div"]:
+    for col in ["bytes/token", "eff. bits", "prefill tok/s", "decode tok/s", "PPL", "mean KLD", "same top-1",
+                "greedy div"]:
         assert col in stdout
+    assert "llama-perplexity protocol" in stdout and "GPL-3" in stdout
+    assert "passkey: the prompt does not fit" in stdout  # 128-token context
     assert stdout.count("Echoes of vectors unfold") >= 2
+    for key in ("command", "date", "machine"):
+        assert key in j
+    assert j["command"].split()[1] == "demo"
 
 
 def test_demo_fp32_against_itself_is_exact(demo):
@@ -51,7 +59,7 @@ def test_demo_fp32_against_itself_is_exact(demo):
     assert fp32["mean_kl"] == 0.0 and fp32["max_kl"] == 0.0
     assert fp32["top1"] == 1.0
     assert fp32["greedy_divergence"] == -1
-    assert fp32["delta_ll"] == 0.0
+    assert fp32["delta_ppl"] == 0.0
     assert fp32["effective_bits"] == 32.0
 
 
@@ -64,6 +72,42 @@ def test_demo_quality_ordering_and_bytes(demo):
     for x in demo[1]["formats"]:
         assert x["decode_tok_s"] > 0
         assert x["greedy_text"].startswith('"Echoes')
+
+
+def test_eval_text_llama_perplexity_protocol(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(open("/usr/share/common-licenses/GPL-3").read()[:6000])
+    out = tmp_path / "t.json"
+    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "fp32", "bf16", "int4", "int4_kivi",
+                "--text", str(text), "--ctx", "128,64", "--chunks", "3", "--ubatch", "48", "--json", str(out),
+                "--no-progress")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(out.read_text())
+    assert [r["n_ctx"] for r in j["results"]] == [128, 64]
+    for r in j["results"]:
+        assert r["chunks"] == 3 and r["scored_tokens"] == 3 * (r["n_ctx"] // 2 - 1)
+        rows = {x["label"]: x for x in r["formats"]}
+        assert rows["fp32"]["stats"]["kld_mean"] == 0.0 and rows["fp32"]["stats"]["same_top1"] == 1.0
+        assert rows["fp32"]["stats"]["ppl"] == r["reference"]["ppl"]
+        assert 0 < rows["bf16"]["stats"]["kld_mean"] < rows["int4"]["stats"]["kld_mean"]
+        assert "int4_kivi_g16" in rows
+    assert "n_ctx 128: 3 chunk(s), 189 scored tokens" in p.stdout
+    assert j["text"]["tokens"] > 3 * 128 and "command" in j and "load_average_at_start" in j["machine"]
+
+
+def test_eval_passkey_and_bench_engine_on_the_shipped_model(tmp_path):
+    # The 128-token context cannot hold a passkey prompt: a clear error naming the option.
+    p = run_cli("eval", "passkey", "--model", MODEL, "--tokenizer", TOK, "--contexts", "128", "--no-progress")
+    assert p.returncode == 2 and "contexts" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    out = tmp_path / "s.json"
+    p = run_cli("bench", "engine", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "bf16", "int4_kivi",
+                "--contexts", "128", "--n-prompt", "32", "--n-gen", "8", "--repeats", "2", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    j = json.loads(out.read_text())
+    assert [r["label"] for r in j["results"]] == ["bf16", "int4_kivi_g16"]
+    for r in j["results"]:
+        assert r["depth"] == 88 and len(r["pp_tok_s"]) == 2 and r["pp_mean"] > 0 and r["tg_mean"] > 0
+    assert "[bench engine]" in p.stderr and "load average" in p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +144,7 @@ def test_eval_outputs(eval_runs):
     assert all("effective_bits" in r and "ppl_ratio" in r for r in j["formats"])
 
 
-def test_eval_text_and_token_files(tmp_path):
-    text = tmp_path / "t.txt"
-    text.write_text("Echoes of vectors unfold, a gentle hum of precision, as I sense the nodes. " * 6)
-    p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "fp32", "int4", "--text", str(text),
-                "--json", "-", "--no-progress")
-    assert p.returncode == 0, p.stderr
-    j = json.loads(p.stdout[p.stdout.index("{"):p.stdout.rindex("}") + 1])
-    assert j["formats"][0]["mean_kl"] == 0.0 and j["sequences"] >= 2  # > 127 tokens → two chunks
+def test_eval_token_files(tmp_path):
     toks = tmp_path / "t.tok"
     toks.write_text("1 300 301 302 303\n\n1 400 401\n")
     p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--kv-cache", "int8", "--tokens", str(toks), "--no-progress")
@@ -121,6 +158,14 @@ def test_eval_text_and_token_files(tmp_path):
     (["--samples", "0"], "samples"),
     (["--length", "500"], "length"),
     (["--tokens", "/nonexistent.tok"], "nonexistent"),
+    (["--kv-cache", "int4_kivi_g32"], "int4_kivi_g16"),   # explicit G that does not fit: the spelling that does
+    (["--kv-cache", "int4_g32"], "use int4"),
+    (["--kv-cache", ""], "kv-cache"),
+    (["--text", "/usr/share/common-licenses/GPL-3", "--ctx", "512"], "ctx"),
+    (["--text", "/usr/share/common-licenses/GPL-3", "--ctx", "64,,128"], "ctx"),
+    (["--ctx", "64"], "text"),
+    (["--json", "/nonexistent-dir/x.json"], "json"),
+    (["--plot", "/proc/x.svg"], "plot"),
 ])
 def test_eval_errors_exit_2(args, needle):
     p = run_cli("eval", "--model", MODEL, "--tokenizer", TOK, "--no-progress", *args)
