@@ -166,7 +166,8 @@ TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& spe
           double mx = -INFINITY, sum = 0.0;
           for (std::size_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(a[v]));
           for (std::size_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(a[v]) - mx);
-          nll_ref.push_back(-(static_cast<double>(a[next]) - mx - std::log(sum)));
+          // the same expression as compare_rows' logp_next, so that an identical row scores bit-identically
+          nll_ref.push_back(-(static_cast<double>(a[next]) - (mx + std::log(sum))));
         }
       }
       for (std::size_t f = 0; f < nf; ++f) {
