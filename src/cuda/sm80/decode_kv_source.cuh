@@ -8,7 +8,8 @@
 //                  [scale, min] per token and channel group — KVCode x KVScaling fixed at compile time, group size and
 //                  metadata bytes at run time): the stage holds the block's raw codes and metadata (cp.async, so the
 //                  HBM stream stays pipelined 3 deep); before the MMAs every thread converts 8 codes at a time in
-//                  registers (8 bytes -> 8 codes with shifts and masks; int -> float; fp8 -> fp16 by moving the bits)
+//                  registers (8 bytes -> 8 codes with shifts and masks; int -> float; fp8 -> fp16 by moving the bits,
+//                  equal to fp8_bits_to_float for all 256 codes of both kinds, verified offline)
 //                  and applies the token's scale / min (x̂ = min + scale·code with the trait's rounding order, fp8
 //                  x̂ = fp8·scale), giving exactly KVHalfFormat::dequant's float, rounded once to the query dtype into
 //                  the block's conversion tiles. KIVI keys (channel_affine, G tokens per unit) are not token-granular
@@ -89,7 +90,9 @@ __device__ __forceinline__ void dequant8(const kv::KVHalfFormat& f, const uint8_
       constexpr uint32_t kMask = (1u << kv::code_bits(C)) - 1u;
       v[i] = static_cast<float>((byte >> shift) & kMask);
     } else if constexpr (C == kv::KVCode::e5m2) {
-      v[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(byte << 8)));  // e5m2 = the top byte of fp16
+      // e5m2 = the top byte of fp16; the trait reads the inf / NaN codes (> 0x7B) as NaN
+      const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(byte << 8)));
+      v[i] = (byte & 0x7Fu) > 0x7Bu ? __int_as_float(0x7fc00000) : f;
     } else {  // e4m3: magnitude bits under the fp16 exponent field, times 2^(15 - 7); the NaN code stays NaN
       const unsigned short h = static_cast<unsigned short>(((byte & 0x80u) << 8) | ((byte & 0x7Fu) << 7));
       v[i] = (byte & 0x7Fu) == 0x7Fu ? __int_as_float(0x7fc00000) : __half2float(__ushort_as_half(h)) * 256.0f;
