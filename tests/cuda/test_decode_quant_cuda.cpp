@@ -9,6 +9,8 @@
 //   * per format x head_dim 64 / 128 x GQA 1 / 4 x page_size 16 / 64 x a ragged batch (0, 1, 37, 200 tokens; partly
 //     filled pages whose unused slots hold the pool's 0xFF garbage — NaN metadata, maximal codes — which never reaches
 //     the output), varlen queries (chunked prefill) in part of the grid, plans reused across layers;
+//   * the decode's register conversion (dequant8: 8 codes per thread, int4 / int2 planes by shift and mask, fp8 by
+//     moving bits) equals KVHalfFormat::dequant on the host bit for bit, for every code byte and random metadata;
 //   * errors: CapacityError before anything is written, non-finite / out-of-range values named with their index and
 //     nothing written, KIVI / windows and uncompiled K/V combinations named in an UnsupportedError; pages reused after
 //     remove_sequence.
@@ -23,6 +25,7 @@
 
 #include "cuda/decode_cuda.hpp"
 #include "cuda_test_util.hpp"
+#include "kv_dequant8_kernels.hpp"
 #include "flashkv/decode.hpp"
 #include "flashkv/diagnostics.hpp"
 #include "flashkv/error.hpp"
@@ -224,6 +227,59 @@ void check_case(const QuantCase& c) {
     }
   }
   EXPECT_NE(last_kernel_path().find("k=" + c.fmt + " v=" + c.fmt), std::string::npos) << last_kernel_path();
+}
+
+TEST(CudaQuantKVCache, RegisterConversionEqualsTheTraitsDequant) {
+  std::mt19937_64 rng(flashkv::testing::test_seed() + 30);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.f, 0.1f), mn(-3.f, 3.f);
+  struct F {
+    kv::KVFormatId id;
+    bool dynamic;
+    int group;
+    bool key;
+  };
+  const F fmts[] = {{kv::KVFormatId::int8, false, 0, true},       {kv::KVFormatId::int4, false, 0, true},
+                    {kv::KVFormatId::int4, false, 32, true},      {kv::KVFormatId::int2_kivi, false, 16, false},
+                    {kv::KVFormatId::int4_kivi, false, 32, false}, {kv::KVFormatId::fp8_e4m3, false, 0, true},
+                    {kv::KVFormatId::fp8_e4m3, true, 0, true},    {kv::KVFormatId::fp8_e5m2, false, 0, true},
+                    {kv::KVFormatId::fp8_e5m2, true, 0, true}};
+  const int rows = 64;
+  for (const F& fm : fmts) {
+    for (int d : {64, 128}) {
+      const kv::KVHalfFormat f = kv::describe(fm.id, fm.dynamic, fm.group, fm.key, d);
+      SCOPED_TRACE("format id " + std::to_string(static_cast<int>(fm.id)) + (fm.dynamic ? " dynamic" : "") + " g" +
+                   std::to_string(fm.group) + " d" + std::to_string(d));
+      std::vector<uint8_t> codes(static_cast<size_t>(rows) * f.code_bytes), meta(std::max<size_t>(1, static_cast<size_t>(rows) * f.meta_bytes_per_unit));
+      for (uint8_t& b : codes) b = static_cast<uint8_t>(byte(rng));
+      for (int r = 0; r < rows; ++r) {
+        uint8_t* m = meta.data() + static_cast<size_t>(r) * f.meta_bytes_per_unit;
+        if (f.scaling == kv::KVScaling::token_f32) {
+          const float s = scale(rng);
+          std::memcpy(m, &s, 4);
+        } else if (f.scaling == kv::KVScaling::token_affine) {
+          for (int g = 0; g < f.meta_bytes_per_unit / 4; ++g) {
+            const uint16_t sc = kv::float_to_fp16_bits(scale(rng)), z = kv::float_to_fp16_bits(mn(rng));
+            std::memcpy(m + 4 * g, &sc, 2), std::memcpy(m + 4 * g + 2, &z, 2);
+          }
+        }
+      }
+      DevBuf dc(codes.size()), dm(meta.size()), dout(static_cast<size_t>(rows) * d * 4);
+      dc.upload(codes), dm.upload(meta);
+      const float hs = 0.037f;
+      ASSERT_TRUE(dequant8_on_device(f, static_cast<const uint8_t*>(dc.p), static_cast<const uint8_t*>(dm.p), rows, hs,
+                                     static_cast<float*>(dout.p)));
+      const std::vector<float> got = dout.download<float>(static_cast<size_t>(rows) * d);
+      int bad = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < d; ++c) {
+          const float want = f.dequant(codes.data(), meta.data(), r, c, hs), g = got[static_cast<size_t>(r) * d + c];
+          const bool same = std::isnan(want) ? std::isnan(g) : std::memcmp(&want, &g, 4) == 0;
+          if (!same && bad++ < 5) ADD_FAILURE() << "row " << r << " channel " << c << ": " << g << " vs trait " << want;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+  }
 }
 
 TEST(CudaQuantKVCache, DeviceCodesEqualTheCpuCodecAndDecodeMatchesTheReference) {
