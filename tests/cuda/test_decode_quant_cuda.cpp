@@ -40,9 +40,10 @@ using decodetest::expect_error;
 
 /// The formats the default build compiles (FLASHKV_CUDA_KV_FORMATS; int4_g32 is the int4 instantiation with groups),
 /// then ones only some builds compile (ALL_INSTANTIATIONS: e5m2; a KFMT/VFMT entry: the mixed pair): their codes are
-/// checked always, their decode where compiled (else the UnsupportedError must say "not compiled"; printed).
+/// checked always, their decode where compiled (else the UnsupportedError must say "not compiled"; printed);
+/// k:bf16,v:int8 takes the one-thread-per-row encode (a 16-bit half), the others the warp encode.
 const char* const kFormats[] = {"fp8_e4m3", "fp8_e4m3_dynamic", "int8", "int4", "int4_g32",
-                                "fp8_e5m2", "fp8_e5m2_dynamic", "k:int8,v:int4"};
+                                "fp8_e5m2", "fp8_e5m2_dynamic", "k:int8,v:int4", "k:bf16,v:int8"};
 
 struct QuantCase {
   std::string fmt;
