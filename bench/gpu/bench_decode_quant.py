@@ -4,6 +4,7 @@ bf16 decode in the same run, and the quantize-on-write append. One command, JSON
 
     python3 bench/gpu/bench_decode_quant.py --binary build/cuda/bin/flashkv_bench_decode_quant --out bench/results \\
         [--formats bf16,fp8_e4m3,fp8_e4m3_dynamic,int8,int4] [--batches 1,16,64] [--contexts 4096,32768] [--quick]
+        [--no-cudnn]
 
 Grid (issue #12 subset): 32 query / 8 KV heads, head_dim 128, page_size 64, one layer, batch x context. Per cell:
   time per decode step  median of --calls run_decode calls (plan_decode once per batch shape, as an engine does per
@@ -12,6 +13,9 @@ Grid (issue #12 subset): 32 query / 8 KV heads, head_dim 128, page_size 64, one 
                         and that as a fraction of the HBM read bandwidth measured in the same run (a streaming read
                         kernel over 4 GiB);
   vs bf16               time of our bf16 decode / time of the format (same batch x context).
+cuDNN bf16 (when torch is importable; --no-cudnn skips it): torch SDPA with the cuDNN backend on the same shapes
+(contiguous [batch, 8, context, 128] bf16 K / V, enable_gqa), timed by triton.testing.do_bench (L2 flushed), as the
+anchor row "cudnn_bf16" (bytes: 2·batch·8·context·128·2); "vs cuDNN" = its time / the format's time.
 Append: the device append (quantize on write) of `context` tokens into each of max(batch) sequences, wall time of the
 synchronous PagedKVCache::append calls; throughput = code + metadata bytes written / time, and the bf16 input read /
 time, vs the HBM write bandwidth of the same run (memset of 4 GiB).
@@ -44,15 +48,50 @@ def run(args):
     return cmd, rows
 
 
+def cudnn_rows(batches, contexts):
+    """torch SDPA (cuDNN backend) bf16 decode on the grid, in this process (after the helper has exited)."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        import triton.testing as tt
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception as e:  # noqa: BLE001 - optional anchor
+        return [{"kind": "error", "format": "cudnn_bf16", "context": 0, "error": f"torch/triton unavailable: {e}"}]
+    rows = []
+    hq, hk, d = 32, 8, 128
+    for ctx in contexts:
+        for b in batches:
+            try:
+                q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16, device="cuda")
+                k = torch.randn(b, hk, ctx, d, dtype=torch.bfloat16, device="cuda")
+                v = torch.randn_like(k)
+
+                def fn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                ms = tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                rows.append({"kind": "decode", "format": "cudnn_bf16", "batch": b, "context": ctx, "ms_median": ms,
+                             "ms_min": ms, "kv_bytes": 2.0 * b * hk * ctx * d * 2, "qo_bytes": 2.0 * b * hq * d * 2,
+                             "num_splits": 0, "path": "torch SDPA cuDNN"})
+            except Exception as e:  # noqa: BLE001
+                rows.append({"kind": "error", "format": "cudnn_bf16", "context": ctx, "error": str(e)[:160]})
+            print(json.dumps(rows[-1]), flush=True)
+            q = k = v = None
+            torch.cuda.empty_cache()
+    return rows
+
+
 def tables(rows):
     anchor = next(r for r in rows if r["kind"] == "anchor")
     read_bw, write_bw = anchor["read_TBps"], anchor["write_TBps"]
     dec = [r for r in rows if r["kind"] == "decode"]
     bf16 = {(r["batch"], r["context"]): r["ms_median"] for r in dec if r["format"] == "bf16"}
+    cudnn = {(r["batch"], r["context"]): r["ms_median"] for r in dec if r["format"] == "cudnn_bf16"}
     out = []
     out.append(f"HBM anchors (same run): read {read_bw:.2f} TB/s, write {write_bw:.2f} TB/s\n")
-    out.append("| format | batch | context | µs / step | KV MB read | TB/s effective | % of HBM read | vs bf16 | splits |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("| format | batch | context | µs / step | KV MB read | TB/s effective | % of HBM read | vs bf16 | vs cuDNN bf16 "
+               "| splits |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(dec, key=lambda r: (r["context"], r["batch"], r["format"] != "bf16", r["format"])):
         ms = r["ms_median"]
         bw = (r["kv_bytes"] + r["qo_bytes"]) / (ms * 1e-3) / 1e12
@@ -61,8 +100,11 @@ def tables(rows):
         base = bf16.get((r["batch"], r["context"]))
         r["speedup_vs_bf16"] = base / ms if base else None
         sp = f"{r['speedup_vs_bf16']:.2f}x" if base else "–"
+        cd = cudnn.get((r["batch"], r["context"]))
+        r["speedup_vs_cudnn"] = cd / ms if cd else None
+        sc = f"{cd / ms:.2f}x" if cd else "–"
         out.append(f"| {r['format']} | {r['batch']} | {r['context']} | {ms * 1e3:.1f} | {r['kv_bytes'] / 1e6:.1f} | "
-                   f"{bw:.2f} | {100 * bw / read_bw:.0f}% | {sp} | {r['num_splits']} |")
+                   f"{bw:.2f} | {100 * bw / read_bw:.0f}% | {sp} | {sc} | {r['num_splits']} |")
     out.append("")
     out.append("| format | context | sequences | append s | GB written (codes + meta) | GB/s written | "
                "GB/s bf16 input read | % of HBM write |")
@@ -95,12 +137,15 @@ def main():
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="batch 1,16 x context 4096 only, 10 calls")
+    ap.add_argument("--no-cudnn", action="store_true", help="skip the torch SDPA cuDNN bf16 anchor")
     a = ap.parse_args()
     if a.quick:
         a.batches, a.contexts, a.calls = "1,16", "4096", 10
     if not os.path.exists(a.binary):
         sys.exit(f"{a.binary} not found: build it with cmake --build build/cuda --target flashkv_bench_decode_quant")
     cmd, rows = run(a)
+    if not a.no_cudnn:
+        rows += cudnn_rows([int(x) for x in a.batches.split(",")], [int(x) for x in a.contexts.split(",")])
     md = tables(rows)
     os.makedirs(a.out, exist_ok=True)
     stamp = datetime.date.today().isoformat()
