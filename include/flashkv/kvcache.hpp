@@ -66,10 +66,13 @@
 //   `flashkv kv-mem` evaluates the same formula (kv_memory_estimate()).
 //
 // DEVICE CACHES (device = cuda): append() takes k / v on the host (quantized on the host, every format) or, for a
-//   bf16 / fp16 cache without windows or rotation, CUDA tensors of the cache's dtype (written by a CUDA kernel on the
-//   default stream). attention() runs the CUDA split-KV decode (flashkv/decode.hpp) for bf16 / fp16 caches without
-//   windows or rotation; other formats on the device are the CUDA quantized decode of issue #12 and raise
-//   UnsupportedError naming the format (to(Device::cpu) decodes them on the host). dequantize() of a device cache reads
+//   cache without sinks, residual window, KIVI keys or rotation, CUDA tensors (float32 / float16 / bfloat16; a bf16 /
+//   fp16 cache takes its own dtype), written by a CUDA kernel on the default stream: copied for bf16 / fp16, quantized
+//   on the device otherwise with the CPU codec's codes and metadata bit for bit (the format trait's encode_unit); values
+//   are checked first (Error naming k / v and the element; nothing written). attention() runs the CUDA split-KV decode
+//   (flashkv/decode.hpp) for bf16 / fp16 caches and, from the packed pages, for the compiled quantized formats (CMake
+//   FLASHKV_CUDA_KV_FORMATS; default fp8_e4m3, fp8_e4m3_dynamic, int8, int4 with any group, head_dim 64 / 128); windows,
+//   rotation, KIVI and uncompiled combinations raise UnsupportedError naming them (to(Device::cpu) decodes them). dequantize() of a device cache reads
 //   it back to the host. A device cache needs a library built with the CUDA backend (UnsupportedError otherwise).
 //
 // NON-FINITE VALUES: append() rejects non-finite k / v (Error naming the element). In attention(), a NaN in q, or a
@@ -234,10 +237,10 @@ class PagedKVCache {
 
   /// Appends n_tokens tokens of one layer: k, v [n_tokens, num_heads_kv, head_dim] float32/float16/bfloat16 (same
   /// dtype; last dim contiguous; any other strides), n_tokens >= 0, in host memory (any cache) or CUDA memory (a CUDA
-  /// bf16 / fp16 cache without windows or rotation, k / v of the cache's dtype; see DEVICE CACHES). Quantize-on-write;
+  /// cache without windows, KIVI keys or rotation; see DEVICE CACHES). Quantize-on-write;
   /// appending N tokens at once gives the same contents as N single appends.
   /// Errors (cache unchanged after any of them): Error 'seq_id' (unknown), 'layer' (out of range), 'k'/'v' (shape,
-  /// non-finite values of host tensors), TypeError (dtype, device); CapacityError when a fixed-size pool lacks the
+  /// non-finite values), TypeError (dtype, device); CapacityError when a fixed-size pool lacks the
   /// pages this append needs (naming the pages needed and free) or memory for a growing pool runs out.
   void append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v);
 

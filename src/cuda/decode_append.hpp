@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kvcache/format/traits.hpp"
+
 namespace flashkv::cuda {
 
 struct AppendParams {
@@ -28,5 +30,37 @@ struct AppendParams {
 /// Writes k_new / v_new at positions seqlens[b] + i; a sequence whose length breaks the precondition (negative,
 /// above the promise, or past the capacity with the new rows) is skipped as a whole — never clamped.
 void append_kv(const AppendParams& p, cudaStream_t stream);
+
+/// Quantize-on-write append into a PagedKVCache layer on the device (any token-granular format per half: fp32 / bf16
+/// / fp16, fp8 static or per-token scale, int8 / int4 [/ int2] with [scale, min] per token and channel group): row i of
+/// sequence b, kv head h, is encoded by kv::KVHalfFormat::encode_unit — the CPU codec's function — into stream slot
+/// seqlens[b] + i of the page table (codes and metadata, page layout of kvcache/page_layout.hpp). No windows, rotation
+/// or KIVI keys (tokens_per_unit > 1): the caller checks.
+struct QuantAppendParams {
+  const void* k_new = nullptr;  ///< [batch, seqlen_new, num_heads_kv, head_dim], element strides below
+  const void* v_new = nullptr;
+  int32_t dtype = 1;            ///< of k_new / v_new: 0 float32, 1 bfloat16, 2 float16
+  int64_t kn_batch = 0, kn_row = 0, kn_head = 0, vn_batch = 0, vn_row = 0, vn_head = 0;
+  uint8_t* codes[2] = {nullptr, nullptr};  ///< kv::HalfPages of K, V (bytes)
+  uint8_t* meta[2] = {nullptr, nullptr};
+  int64_t page_stride[2] = {0, 0}, head_stride[2] = {0, 0};
+  int64_t meta_page_stride[2] = {0, 0}, meta_head_stride[2] = {0, 0};
+  kv::KVHalfFormat format[2];
+  const float* head_scales[2] = {nullptr, nullptr};  ///< device [num_heads_kv] (head_static), else nullptr
+  const int32_t* page_table = nullptr;  ///< [batch, page_table_batch] on the device
+  int64_t page_table_batch = 0;
+  int32_t page_size = 16;
+  const int32_t* seqlens = nullptr;  ///< [batch] tokens already cached, on the device
+  int32_t batch = 0, seqlen_new = 0, num_heads_kv = 0, head_dim = 0;
+  int64_t capacity = 0;
+  /// Value check first (quant_append_check): per half the smallest flat index (b, i, h, c) of a non-finite value, or
+  /// of |x| > 65504 where the half stores fp16 (codes or scale / min); UINT64_MAX when none. Device [2].
+  unsigned long long* bad = nullptr;
+};
+
+/// Writes p.bad[half] (see QuantAppendParams::bad); asynchronous.
+void quant_append_check(const QuantAppendParams& p, cudaStream_t stream);
+/// Encodes and writes the rows (one thread per row and half); asynchronous.
+void quant_append(const QuantAppendParams& p, cudaStream_t stream);
 
 }  // namespace flashkv::cuda

@@ -16,6 +16,7 @@
 #include "core/scaling.hpp"
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
+#include "cuda/decode_quant.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"
@@ -42,6 +43,29 @@ int log2_exact(int64_t x) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+/// 16-bit pages of the query dtype (the Kv16 instantiations), else packed pages (decode_quant).
+bool raw16_pages(const core::DecodeProblem& p) {
+  const kv::KVCode want = p.dtype == DType::bfloat16 ? kv::KVCode::bf16 : kv::KVCode::f16;
+  for (int half = 0; half < 2; ++half) {
+    const kv::KVHalfFormat& f = p.kv.format[half];
+    if (f.code != want || f.scaling != kv::KVScaling::none) return false;
+  }
+  return true;
+}
+
+/// Per-kv-head static fp8 scales of one half on the device (head_static), else nullptr.
+std::unique_ptr<DeviceBuffer> upload_head_scales(const core::DecodeProblem& p, int half, cudaStream_t stream) {
+  if (p.kv.format[half].scaling != kv::KVScaling::head_static) return nullptr;
+  if (p.kv.head_scales[half] == nullptr) {
+    throw Error(half == 0 ? "k_scales" : "v_scales", "static fp8 scales per kv head (the cache's config)", "none");
+  }
+  auto buf = std::make_unique<DeviceBuffer>(static_cast<size_t>(p.num_heads_kv) * 4, stream);
+  check_cuda(cudaMemcpyAsync(buf->get(), p.kv.head_scales[half], static_cast<size_t>(p.num_heads_kv) * 4,
+                             cudaMemcpyHostToDevice, stream),
+             "decode plan: upload static scales");
+  return buf;
+}
+
 /// The plan of one decode batch shape on one CUDA device.
 class CudaDecodeWork final : public core::DecodeWork {
  public:
@@ -52,11 +76,12 @@ class CudaDecodeWork final : public core::DecodeWork {
 
  private:
   const KernelEntry* ke_ = nullptr;
+  const QuantDecodeEntry* qe_ = nullptr;  ///< packed pages: the quantized instantiation
   cudaStream_t stream_ = nullptr;
   int32_t device_ = 0;
   int32_t num_splits_ = 1;
   int64_t rows_ = 0;  ///< batch · num_heads · max_seqlen_q
-  std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_;
+  std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_, head_scales_[2];
   std::string path_;
 };
 
@@ -65,24 +90,27 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     throw TypeError("q", "bfloat16 or float16 (the CUDA decode computes in 16-bit; float32 runs on the CPU)",
                     dtype_name(p.dtype));
   }
-  const kv::KVCode want = p.dtype == DType::bfloat16 ? kv::KVCode::bf16 : kv::KVCode::f16;
-  for (int half = 0; half < 2; ++half) {
-    const kv::KVHalfFormat& f = p.kv.format[half];
-    if (f.code != want || f.scaling != kv::KVScaling::none) {
-      throw UnsupportedError(std::string("flashkv: the CUDA decode reads ") + dtype_name(p.dtype) +
-                             " pages for " + dtype_name(p.dtype) + " queries; this cache stores k=" +
-                             p.kv.format_name[0] + " v=" + p.kv.format_name[1] +
-                             " (quantized CUDA decode: issue #12; PagedKVCache::to(Device::cpu) decodes it on the CPU)");
-    }
+  const bool raw16 = raw16_pages(p);
+  if (!raw16 && p.kv.host_seqlens_k == nullptr) {  // flash-attn style cache tensors are 16-bit by definition
+    throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
+                           " pages for " + dtype_name(p.dtype) + " queries");
   }
   if (p.kv.regions.has_window() || p.kv.rot_k || p.kv.rot_v) {
-    throw UnsupportedError("flashkv: the CUDA decode does not read sink / residual windows or Hadamard-rotated "
-                           "pages yet (issue #12); PagedKVCache::to(Device::cpu) decodes this cache on the CPU");
+    throw UnsupportedError(std::string("flashkv: the CUDA decode does not read sink / residual windows (KIVI keys' "
+                           "bf16 tail) or Hadamard-rotated pages yet (issue #12); this cache: k=") +
+                           p.kv.format_name[0] + " v=" + p.kv.format_name[1] +
+                           (p.kv.rot_k || p.kv.rot_v ? ", rotated" : "") +
+                           "; PagedKVCache::to(Device::cpu) decodes it on the CPU");
   }
   if (p.head_dim > 256 || p.head_dim % 8 != 0) {
     throw Error("q", "head_dim in 8..256, a multiple of 8 (CUDA decode)", str(p.head_dim));
   }
-  ke_ = &find_kernel(KernelKind::decode, p.head_dim, p.dtype);
+  if (raw16) {
+    ke_ = &find_kernel(KernelKind::decode, p.head_dim, p.dtype);
+  } else {  // packed pages: an exact (head_dim, dtype, K format, V format) instantiation or UnsupportedError
+    qe_ = &find_quant_decode(p.head_dim, p.dtype, p.kv.format[0], p.kv.format[1], p.kv.format_name[0],
+                             p.kv.format_name[1]);
+  }
   if (p.batch > 65535) throw UnsupportedError("flashkv: CUDA decode supports batch <= 65535, got " + str(p.batch));
   check_aligned(p.q, {p.q_strides.batch, p.q_strides.row, p.q_strides.head}, "q");
   check_aligned(p.out, {p.out_strides.batch, p.out_strides.row, p.out_strides.head}, "out");
@@ -92,6 +120,15 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     if (!aligned16(h.codes) || h.page_stride % 16 != 0 || h.slot_stride % 16 != 0 || h.head_stride % 16 != 0) {
       throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
     }
+    const kv::KVHalfFormat& f = p.kv.format[half];
+    if (!raw16 && f.meta_bytes_per_unit > 0 &&
+        ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
+         f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
+         f.meta_bytes_per_unit > quant_meta_max(f.scaling, p.head_dim))) {
+      throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
+                             p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
+                             str(f.tokens_per_unit) + " tokens per unit)");
+    }
   }
   const int64_t group = p.group_size();
   const int64_t row_tiles = (p.max_seqlen_q * group + 15) / 16;
@@ -100,6 +137,9 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
   DeviceGuard guard(device_);
   stream_ = static_cast<cudaStream_t>(p.stream);
   const core::DecodeKV& kv = p.kv;
+  if (!raw16) {
+    for (int half = 0; half < 2; ++half) head_scales_[half] = upload_head_scales(p, half, stream_);
+  }
   int64_t max_k = p.max_seqlen_k;
   if (kv.host_seqlens_k != nullptr) {  // a PagedKVCache: lengths known on the host, checked by the cache
     std::vector<int32_t> lens(static_cast<size_t>(p.batch));
@@ -151,10 +191,12 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                                                      static_cast<int64_t>(num_sms()) * kCtasPerSm);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (num_splits_ > 1) {
-    o_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_ * ke_->head_dim) * 4, stream_);
+    const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;
+    o_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_ * dk) * 4, stream_);
     lse_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_) * 4, stream_);
   }
-  path_ = std::string("kv_decode cuda split-kv sm80 ") + dtype_name(p.dtype) + " hdim" + str(p.head_dim) + " splits" +
+  const std::string fmt = raw16 ? std::string() : std::string("k=") + kv.format_name[0] + " v=" + kv.format_name[1] + " ";
+  path_ = std::string("kv_decode cuda split-kv sm80 ") + fmt + dtype_name(p.dtype) + " hdim" + str(p.head_dim) + " splits" +
           str(num_splits_) + (kv.page_table != nullptr || kv.host_page_table != nullptr
                                   ? " paged page" + str(kv.page_size)
                                   : std::string(" contiguous"));
@@ -165,12 +207,13 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
 void CudaDecodeWork::run(const core::DecodeProblem& p) {
   DeviceGuard guard(device_);
   const core::DecodeKV& kv = p.kv;
-  const int64_t kes = 2;  // 16-bit pages
+  const int64_t kes = qe_ != nullptr ? 1 : 2;  // byte strides for packed pages, element strides for 16-bit ones
   const int32_t* seqlens = seqlens_ ? seqlens_->as<int32_t>() : kv.seqlens;
   const int32_t* table = page_table_ ? page_table_->as<int32_t>() : kv.page_table;
   const bool paged = table != nullptr;
   const int32_t page_log2 = paged ? log2_exact(kv.page_size) : 0;
   if (p.k_new != nullptr) {
+    if (qe_ != nullptr) throw UnsupportedError("flashkv: k_new / v_new append into packed pages (use PagedKVCache::append)");
     AppendParams a;
     a.k_new = static_cast<const uint16_t*>(p.k_new), a.v_new = static_cast<const uint16_t*>(p.v_new);
     a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
@@ -219,13 +262,92 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   d.softmax_scale_log2 = sc.softmax_scale_log2;
   d.o_accum = o_accum_ ? o_accum_->as<float>() : nullptr;
   d.lse_accum = lse_accum_ ? lse_accum_->as<float>() : nullptr;
+  if (qe_ != nullptr) {
+    d.k_meta = kv.pages[0].meta, d.v_meta = kv.pages[1].meta;
+    d.k_meta_page = kv.pages[0].meta_page_stride, d.k_meta_head = kv.pages[0].meta_head_stride;
+    d.v_meta_page = kv.pages[1].meta_page_stride, d.v_meta_head = kv.pages[1].meta_head_stride;
+    d.k_format = kv.format[0], d.v_format = kv.format[1];
+    d.k_head_scales = head_scales_[0] ? head_scales_[0]->as<float>() : nullptr;
+    d.v_head_scales = head_scales_[1] ? head_scales_[1]->as<float>() : nullptr;
+    qe_->launch(d, stream_);
+    return;
+  }
   reinterpret_cast<DecodeLaunch>(ke_->launch)(d, stream_);
 }
 
 // ---- hooks ----------------------------------------------------------------------------------------------------------
 std::unique_ptr<core::DecodeWork> plan_hook(const core::DecodeProblem& p) { return std::make_unique<CudaDecodeWork>(p); }
 
+/// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (a typed error naming k / v,
+/// the value and its index, nothing written), then encoded by the format trait.
+void quant_append_hook(const core::DecodeProblem& p) {
+  DeviceGuard guard(p.device_index);
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const core::DecodeKV& kv = p.kv;
+  if (p.head_dim > 256) throw UnsupportedError("flashkv: the CUDA KV append supports head_dim <= 256, got " + str(p.head_dim));
+  QuantAppendParams a;
+  a.k_new = p.k_new, a.v_new = p.v_new;
+  a.dtype = p.dtype == DType::float32 ? 0 : (p.dtype == DType::bfloat16 ? 1 : 2);
+  a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
+  a.vn_batch = p.v_new_strides.batch, a.vn_row = p.v_new_strides.row, a.vn_head = p.v_new_strides.head;
+  std::unique_ptr<DeviceBuffer> scales[2];
+  for (int half = 0; half < 2; ++half) {
+    const kv::HalfPages& h = kv.pages[half];
+    const kv::KVHalfFormat& f = kv.format[half];
+    if (f.tokens_per_unit != 1 || f.code_bytes == 0 || !h.rows_contiguous(f.code_bytes)) {
+      throw UnsupportedError(std::string("flashkv: the CUDA KV append encodes token-granular formats into the cache's "
+                                         "pages; ") + (half == 0 ? "k=" : "v=") + kv.format_name[half] +
+                             " is not (KIVI keys quantize G tokens at once from the residual window)");
+    }
+    a.codes[half] = const_cast<uint8_t*>(h.codes), a.meta[half] = const_cast<uint8_t*>(h.meta);
+    a.page_stride[half] = h.page_stride, a.head_stride[half] = h.head_stride;
+    a.meta_page_stride[half] = h.meta_page_stride, a.meta_head_stride[half] = h.meta_head_stride;
+    a.format[half] = f;
+    scales[half] = upload_head_scales(p, half, stream);
+    a.head_scales[half] = scales[half] ? scales[half]->as<float>() : nullptr;
+  }
+  a.page_table = kv.page_table, a.page_table_batch = kv.page_table_stride, a.page_size = kv.page_size;
+  a.seqlens = kv.seqlens;
+  a.batch = static_cast<int32_t>(p.batch), a.seqlen_new = static_cast<int32_t>(p.seqlen_q);
+  a.num_heads_kv = static_cast<int32_t>(p.num_heads_kv), a.head_dim = static_cast<int32_t>(p.head_dim);
+  a.capacity = kv.capacity;
+  DeviceBuffer bad(2 * sizeof(unsigned long long), stream);
+  a.bad = bad.as<unsigned long long>();
+  quant_append_check(a, stream);
+  unsigned long long first[2];
+  check_cuda(cudaMemcpyAsync(first, a.bad, sizeof(first), cudaMemcpyDeviceToHost, stream), "KV append check");
+  check_cuda(cudaStreamSynchronize(stream), "KV append check");
+  for (int half = 0; half < 2; ++half) {
+    if (first[half] == ~0ull) continue;
+    const int64_t flat = static_cast<int64_t>(first[half]), d = p.head_dim, hk = p.num_heads_kv;
+    const int64_t c = flat % d, h = (flat / d) % hk, i = (flat / (d * hk)) % p.seqlen_q, b = flat / (d * hk * p.seqlen_q);
+    const core::Strides3& st = half == 0 ? p.k_new_strides : p.v_new_strides;
+    const int64_t off = b * st.batch + i * st.row + h * st.head + c;
+    const size_t es = p.dtype == DType::float32 ? 4 : 2;
+    uint32_t bits = 0;
+    check_cuda(cudaMemcpy(&bits, static_cast<const char*>(half == 0 ? p.k_new : p.v_new) + off * es, es,
+                          cudaMemcpyDeviceToHost),
+               "KV append check");
+    const float x = es == 4 ? kv::u32_as_float(bits)
+                            : (p.dtype == DType::bfloat16 ? kv::bf16_bits_to_float(static_cast<uint16_t>(bits))
+                                                          : kv::fp16_bits_to_float(static_cast<uint16_t>(bits)));
+    const kv::KVHalfFormat& f = kv.format[half];
+    const bool fp16 = f.code == kv::KVCode::f16 || f.scaling == kv::KVScaling::token_affine ||
+                      f.scaling == kv::KVScaling::channel_affine;
+    throw Error(half == 0 ? "k" : "v",
+                "finite values" + std::string(fp16 ? " with |x| <= 65504 (fp16 range of this format)" : ""),
+                std::to_string(x) + " at [" + (p.batch > 1 ? str(b) + ", " : std::string()) + str(i) + ", " + str(h) +
+                    ", " + str(c) + "]");
+  }
+  quant_append(a, stream);
+  check_cuda(cudaStreamSynchronize(stream), "KV cache append");
+}
+
 void append_hook(const core::DecodeProblem& p) {
+  if (!raw16_pages(p)) {
+    quant_append_hook(p);
+    return;
+  }
   CudaDecodeWork w(p);  // checks: 16-bit pages of the rows' dtype, alignment
   w.run(p);             // max_seqlen_q rows to append; no queries (num_heads 0)
   check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(p.stream)), "KV cache append");
@@ -276,6 +398,26 @@ const bool kRegistered = (core::register_decode_backend(Device::cuda, &kDecodeBa
 }  // namespace
 
 bool decode_backend_registered() { return kRegistered; }
+
+const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const kv::KVHalfFormat& k,
+                                          const kv::KVHalfFormat& v, const std::string& k_name,
+                                          const std::string& v_name) {
+  std::string compiled;
+  for (int i = 0; i < kQuantDecodeTableSize; ++i) {
+    const QuantDecodeEntry& e = kQuantDecodeTable[i];
+    if (e.head_dim == head_dim && e.dtype == dtype && e.k_code == k.code && e.k_scaling == k.scaling &&
+        e.v_code == v.code && e.v_scaling == v.scaling) {
+      return e;
+    }
+    compiled += (compiled.empty() ? "" : ", ") + std::string(e.name) + " hdim" + str(e.head_dim) + " " +
+                dtype_name(e.dtype);
+  }
+  throw UnsupportedError("flashkv: the CUDA decode of k=" + k_name + " v=" + v_name + " pages, head_dim " +
+                         str(head_dim) + ", " + dtype_name(dtype) + " queries is not compiled in this build (compiled: " +
+                         (compiled.empty() ? std::string("none") : compiled) +
+                         "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI, windows and rotation "
+                         "have no CUDA decode yet)");
+}
 
 int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slots) {
   if (ctas >= static_cast<int64_t>(0.8 * static_cast<double>(cta_slots)) || num_key_blocks <= 4) return 1;

@@ -5,10 +5,11 @@
 //           cu_seqlens_q, the split workspace; the capacity check of tensor-API lengths held on the device (read back
 //           unless options.max_seqlen_k promises a bound) — CapacityError before anything is written or launched;
 //   run     the optional append (k_new / v_new) and the split-KV kernel + combine (sm80/decode_kernel.cuh) for
-//           bfloat16 / float16 pages of the cache's dtype (the 16-bit instance of the page layout); other formats,
-//           windows and rotation are the quantized decode of issue #12 (UnsupportedError naming them);
+//           bfloat16 / float16 pages of the cache's dtype (the 16-bit instance of the page layout) or packed pages of a
+//           compiled quantized format (decode_quant.hpp; KvQuantSource); windows, rotation, KIVI keys and uncompiled
+//           combinations are UnsupportedError naming them;
 //   memory  cudaMalloc / cudaFree / cudaMemcpy / cudaMemset for caches that live on the device, and the device append
-//           of a PagedKVCache.
+//           of a PagedKVCache (16-bit copy, or quantize on write: decode_append_quant.cu).
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,24 @@
 // Kernel parameters of the CUDA split-KV decode (src/cuda/sm80/decode_kernel.cuh), filled by the decode plan
 // (src/cuda/decode_cuda.cpp) from a validated core::DecodeProblem. The K / V pages are addressed exactly as
 // kvcache/page_layout.hpp's kv::HalfPages (one PagedKVCache layer, or a [num_pages, page_size, num_heads_kv, head_dim]
-// tensor pair), in ELEMENTS: row (page, head, slot) = k_cache + page·k_page + head·k_head + slot·k_row.
+// tensor pair), in ELEMENTS: row (page, head, slot) = k_cache + page·k_page + head·k_head + slot·k_row. Quantized
+// pages (the decode_quant instantiations, sm80/decode_kv_source.cuh) are addressed in BYTES (the element is the byte)
+// and carry their metadata pools and kv::KVHalfFormat per half.
 #pragma once
 
 #include <cstdint>
 
+#include "kvcache/format/traits.hpp"
+
 namespace flashkv::cuda {
 
 struct TensorStrides;
+
+/// Metadata bytes per token the quantized decode stages for scaling `s` at head dim `d` (token_affine: channel groups
+/// of >= 16); a format needing more is rejected by the plan.
+FLASHKV_HD constexpr int quant_meta_max(kv::KVScaling s, int64_t d) {
+  return s == kv::KVScaling::token_f32 ? 4 : (s == kv::KVScaling::token_affine ? static_cast<int>(d / 16 * 4) : 0);
+}
 
 struct DecodeParams {
   const void* q = nullptr;  ///< [batch, seqlen_q, num_heads, head_dim], or varlen [total_q, num_heads, head_dim]
@@ -43,6 +53,15 @@ struct DecodeParams {
   /// s = qk·score_scale, then (softcap) s = tanh(s); the softmax uses exp2(s·softmax_scale_log2 − m).
   float score_scale = 1.f, softmax_scale_log2 = 1.f;
   bool softcap = false;
+  /// Quantized pages only: page-head metadata of row (page, head, ·) = k_meta + page·k_meta_page + head·k_meta_head
+  /// (bytes), the format of each half (the kernel's compile-time KVCode / KVScaling, runtime group geometry) and, for
+  /// head_static fp8, the per-kv-head scales [num_heads_kv] on the device.
+  const uint8_t* k_meta = nullptr;
+  const uint8_t* v_meta = nullptr;
+  int64_t k_meta_page = 0, k_meta_head = 0, v_meta_page = 0, v_meta_head = 0;
+  kv::KVHalfFormat k_format, v_format;
+  const float* k_head_scales = nullptr;
+  const float* v_head_scales = nullptr;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
 };

@@ -458,7 +458,8 @@ def test_paged_decode_errors(torch, rng):
 def test_device_kvcache_decodes_on_the_gpu(torch, rng, dtype):
     """KVCache(device="cuda"): host and torch CUDA appends into one cache, the CUDA split-KV decode vs the float64
     reference on the dequantized cache (2x the naive same-precision error), to("cpu") keeps the bytes and the CPU decode
-    agrees, a fixed device pool raises CapacityError unchanged, a quantized format on the device is UnsupportedError."""
+    agrees, a fixed device pool raises CapacityError unchanged, an int8 cache appends and decodes on the device, KIVI
+    there is UnsupportedError."""
     fmt = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
     H, Hk, D = 8, 2, 128
     c = flashkv.KVCache(2, Hk, D, fmt, device="cuda")  # growing pool (the default)
@@ -503,11 +504,20 @@ def test_device_kvcache_decodes_on_the_gpu(torch, rng, dtype):
         fixed.append(0, 0, big, big)  # 17 tokens need 2 pages of 16
     assert fixed.seq_len(0, 0) == 0
 
+    # a quantized cache: host-array and torch CUDA appends (quantized on the device, issue 12), the CUDA decode from
+    # the packed int8 pages agrees with the CPU decode of the same bytes
     quant = flashkv.KVCache(1, Hk, D, "int8", device="cuda")
     quant.add_sequence(0)
     quant.append(0, 0, rng.standard_normal((5, Hk, D)).astype(np.float32),
                  rng.standard_normal((5, Hk, D)).astype(np.float32))
-    with pytest.raises(flashkv.UnsupportedError, match="int8"):
-        quant.attention([0], q[:1], 0)
-    out_q, _ = quant.to("cpu").attention([0], q[:1].cpu(), 0)  # the documented way: decode it on the host
-    assert np.isfinite(f64(out_q)).all()
+    kq, _ = make(rng, (7, Hk, D), dtype)
+    quant.append(0, 0, kq, kq)
+    out_d, lse_d = quant.attention([0], q[:1], 0)
+    out_q, lse_q = quant.to("cpu").attention([0], q[:1].cpu(), 0)
+    assert np.isfinite(f64(out_d)).all()
+    assert max_err(f64(out_d), f64(out_q)) <= 2e-2  # bf16 / fp16 K, V, P and output rounding on the GPU
+    assert max_err(f64(lse_d), f64(lse_q)) <= 2e-3
+    kivi = flashkv.KVCache(1, Hk, D, "int4_kivi", device="cuda")  # KIVI keys (a bf16 tail): not on the GPU yet
+    kivi.add_sequence(0)
+    with pytest.raises(flashkv.UnsupportedError, match="int4_kivi"):
+        kivi.append(0, 0, kq, kq)

@@ -9,7 +9,10 @@
 // (float32); decode_combine_kernel merges them. With num_splits == 1 the CTA writes the final output directly.
 //
 // Pages: the one page layout of kvcache/page_layout.hpp (a PagedKVCache layer, or a [num_pages, page_size, Hk, d]
-// tensor pair), addressed through DecodeParams' strides. Masking: core::MaskRule (bottom-right causal, window).
+// tensor pair), addressed through DecodeParams' strides. The kernel is templated on where its K / V tiles come from
+// (sm80/decode_kv_source.cuh): Kv16Source (16-bit pages, cp.async into the tiles) or KvQuantSource (packed codes +
+// metadata staged by cp.async, dequantized in registers into the tiles); everything else — PackGQA, masking, the
+// online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every format. Masking: core::MaskRule (bottom-right causal, window).
 // Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
 // merges (core/merge.hpp: only lse = −inf means "no key"); key slots past a sequence's length are zero-filled, never
 // read; where causal / window masking splits a warp's 16-key block and a value there is non-finite, P·V for that
@@ -25,22 +28,28 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
+#include "cuda/sm80/decode_kv_source.cuh"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashkv::cuda::sm80 {
 
-template <int kHeadDim_>
+/// Shared memory: Q tile | kStages stages of Src::kStageBytes | Src::kConvBytes (quantized sources' conversion tiles);
+/// the warp merge reuses everything after Q.
+template <int kHeadDim_, class Src_ = Kv16Source<__nv_bfloat16, kHeadDim_>>
 struct DecodeConfig {
+  using Src = Src_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = 64;  // tokens per pipeline stage (16 per warp)
+  static constexpr int kBlockN = kDecodeBlockN;  // tokens per pipeline stage (16 per warp)
   static constexpr int kNWarps = 4;
   static constexpr int kThreads = kNWarps * 32;
+  static_assert(kThreads == kDecodeThreads, "the KV sources assume 128 threads");
   static constexpr int kStages = 3;
   using TileQ = SmemTile<16, kHeadDim>;
   using TileKV = SmemTile<kBlockN, kHeadDim>;
-  static constexpr int kStageBytes = 2 * TileKV::kBytes;
+  static constexpr int kStageBytes = Src::kStageBytes;
+  static constexpr int kConvOffset = kStages * kStageBytes;  ///< from the end of the Q tile
   static constexpr int kCombineBytes = kNWarps * 16 * (kHeadDim + 2) * 4;
-  static constexpr int kLoopBytes = kStages * kStageBytes;
+  static constexpr int kLoopBytes = kStages * kStageBytes + Src::kConvBytes;
   static constexpr int kSmemBytes = TileQ::kBytes + (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes);
 };
 
@@ -100,6 +109,7 @@ __device__ __forceinline__ bool nonfinite2(uint32_t v) {
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParams p) {
+  using Src = typename Cfg::Src;
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStages = Cfg::kStages, kDT = kHeadDim / 8;
   constexpr float kLn2 = 0.69314718055994531f;
@@ -149,22 +159,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
       rows, p.head_dim, qbase);
   cp_async_commit();
 
-  const T* kc = static_cast<const T*>(p.k_cache) + hk * p.k_head;
-  const T* vc = static_cast<const T*>(p.v_cache) + hk * p.v_head;
+  const Src src(p, hk);
   const int page_mask = (1 << p.page_size_log2) - 1;
   const int32_t* pt = p.page_table != nullptr ? p.page_table + b * p.page_table_batch : nullptr;
-  auto token_offset = [&](int j, int64_t page_stride, int64_t row_stride) -> int64_t {
-    if (pt == nullptr) return b * page_stride + j * row_stride;
-    return static_cast<int64_t>(pt[j >> p.page_size_log2]) * page_stride + (j & page_mask) * row_stride;
+  auto locate = [&](int j, int64_t& page, int& slot) {  // contiguous caches: the sequence is page b
+    if (pt == nullptr) {
+      page = b, slot = j;
+    } else {
+      page = pt[j >> p.page_size_log2], slot = j & page_mask;
+    }
   };
   auto load_stage = [&](int nb, int stage) {
-    const int j0 = nb * kBlockN;
-    const uint32_t dst = sKV + stage * Cfg::kStageBytes;
-    load_tile_async<TileKV, kThreads>(
-        dst, [&](int r) { return kc + token_offset(j0 + r, p.k_page, p.k_row); }, seqlen_k - j0, p.head_dim, kc);
-    load_tile_async<TileKV, kThreads>(
-        dst + TileKV::kBytes, [&](int r) { return vc + token_offset(j0 + r, p.v_page, p.v_row); }, seqlen_k - j0,
-        p.head_dim, vc);
+    src.load(p, sKV + stage * Cfg::kStageBytes, nb * kBlockN, seqlen_k, locate);
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -196,7 +202,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
     __syncthreads();  // stage `it` landed; every warp is done with the stage refilled below
     if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
-    const uint32_t soff = (it % kStages) * Cfg::kStageBytes;
+    // the block's 16-bit K tile (V at + TileKV::kBytes), as an offset from sKV: the stage itself, or the conversion
+    // tiles a quantized source just dequantized it into (after a __syncthreads)
+    const uint32_t soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN,
+                                    seqlen_k) - sKV;
     const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};

@@ -1,4 +1,7 @@
-// Host launcher of the split-KV decode kernel and its combine kernel (decode_kernel.cuh).
+// Host launchers of the split-KV decode kernel and its combine kernel (decode_kernel.cuh), one per KV source
+// (decode_kv_source.cuh): run_decode for 16-bit pages of the query dtype, run_decode_quant for packed pages of one
+// (KVCode, KVScaling) pair per half. Instantiated by the generated decode_*.cu / decode_quant_*.cu files
+// (src/cuda/generate_instantiations.py).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,9 +11,9 @@
 
 namespace flashkv::cuda {
 
-template <int kHeadDim, class T>
-void run_decode(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = sm80::DecodeConfig<kHeadDim>;
+template <int kHeadDim, class T, class Src>
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = sm80::DecodeConfig<kHeadDim, Src>;
   auto kernel = sm80::decode_kernel<Cfg, T>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
              "cudaFuncSetAttribute(decode)");
@@ -23,6 +26,17 @@ void run_decode(const DecodeParams& p, cudaStream_t stream) {
     sm80::decode_combine_kernel<kHeadDim, T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode combine launch");
   }
+}
+
+template <int kHeadDim, class T>
+void run_decode(const DecodeParams& p, cudaStream_t stream) {
+  launch_decode<kHeadDim, T, sm80::Kv16Source<T, kHeadDim>>(p, stream);
+}
+
+/// Packed pages: K codes KC scaled by KS, V codes VC scaled by VS (DecodeParams strides in bytes, metadata, formats).
+template <int kHeadDim, class T, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
+void run_decode_quant(const DecodeParams& p, cudaStream_t stream) {
+  launch_decode<kHeadDim, T, sm80::KvQuantSource<T, kHeadDim, KC, KS, VC, VS>>(p, stream);
 }
 
 }  // namespace flashkv::cuda

@@ -267,19 +267,24 @@ bool needs_fp16_range(const kv::KVHalfFormat& f) {
 }  // namespace
 
 namespace {
-/// Device append of CUDA k / v (16-bit cache, same dtype, no windows / rotation): pages through the decode backend.
+/// Device append of CUDA k / v through the decode backend (no windows / rotation): a bf16 / fp16 cache fed its own dtype
+/// is copied (the 16-bit append kernel); any other token-granular format (fp8, int8 / int4 with groups, mixed K / V) is
+/// quantized on the device by the format trait's encode_unit, the CPU codec's codes bit for bit (issue #12).
 void append_on_device(PagedKVCache::Impl& m, PagedKVCache::Impl::Seq& s, int32_t layer, const TensorView& k,
                       const TensorView& v) {
   const KVCacheConfig& c = m.cfg;
-  const DType want = c.k_format.format == KVFormat::fp16 ? DType::float16 : DType::bfloat16;
-  const bool ok = c.k_format == c.v_format && (c.k_format.format == KVFormat::bf16 || c.k_format.format == KVFormat::fp16) &&
-                  !m.regions.has_window() && !m.rot_k && !m.rot_v;
-  if (!ok) {
-    throw UnsupportedError("flashkv: appending CUDA tensors needs a bf16 or fp16 cache without sinks, residual window "
-                           "or rotation (this cache: " + c.k_format.name() + "/" + c.v_format.name() +
-                           "); append host tensors (quantized on the host) or see issue #12");
+  if (m.regions.has_window() || m.rot_k || m.rot_v) {
+    throw UnsupportedError("flashkv: appending CUDA tensors to a cache with sinks, a residual window, KIVI keys (their "
+                           "bf16 tail) or rotation is not supported on the device yet (this cache: " +
+                           c.k_format.name() + "/" + c.v_format.name() + ", sink_tokens " +
+                           std::to_string(c.sink_tokens) + ", residual_tokens " + std::to_string(c.residual_tokens) +
+                           "); append host tensors (quantized on the host, uploaded)");
   }
-  if (k.dtype != want) throw TypeError("k.dtype", std::string(dtype_name(want)) + " (the cache's format)", dtype_name(k.dtype));
+  const bool sixteen = c.k_format == c.v_format && (c.k_format.format == KVFormat::bf16 || c.k_format.format == KVFormat::fp16);
+  const DType want = c.k_format.format == KVFormat::fp16 ? DType::float16 : DType::bfloat16;
+  if (sixteen && k.dtype != want) {
+    throw TypeError("k.dtype", std::string(dtype_name(want)) + " (the cache's format)", dtype_name(k.dtype));
+  }
   if (k.device_index != c.device_index) {
     throw TypeError("k.device", "cuda:" + std::to_string(c.device_index) + " (the cache's device)",
                     "cuda:" + std::to_string(k.device_index));
@@ -289,6 +294,8 @@ void append_on_device(PagedKVCache::Impl& m, PagedKVCache::Impl::Seq& s, int32_t
   const int64_t need = (n1 + c.page_size - 1) / c.page_size;
   m.reserve_pages(need - static_cast<int64_t>(s.pages.size()), "appending " + std::to_string(N) + " tokens to layer " +
                                                                    std::to_string(layer));
+  const size_t pages_before = s.pages.size();
+  const uint64_t version_before = s.version;
   while (static_cast<int64_t>(s.pages.size()) < need) m.take_page(s);
   // one-row page table and length on the device (#12 brings the batched append of a whole step)
   kv::Storage table(c.device, c.device_index, static_cast<int64_t>(s.pages.size()) * 4, 0);
@@ -311,9 +318,12 @@ void append_on_device(PagedKVCache::Impl& m, PagedKVCache::Impl::Seq& s, int32_t
   p.kv.device = Device::cuda;
   p.kv.device_index = c.device_index;
   p.kv.page_size = c.page_size;
+  const std::string names[2] = {c.k_format.name(), c.v_format.name()};
   for (int half = 0; half < 2; ++half) {
     p.kv.pages[half] = kv::HalfPages::of_pool(m.geom, m.codes.data(), m.meta.data(), layer, half);
     p.kv.format[half] = m.codec(half).format();
+    p.kv.format_name[half] = names[half].c_str();
+    if (p.kv.format[half].scaling == kv::KVScaling::head_static) p.kv.head_scales[half] = m.codec(half).head_scales().data();
   }
   p.kv.page_table = reinterpret_cast<const int32_t*>(table.data());
   p.kv.page_table_stride = static_cast<int64_t>(s.pages.size());
@@ -323,7 +333,16 @@ void append_on_device(PagedKVCache::Impl& m, PagedKVCache::Impl::Seq& s, int32_t
   p.kv.seqlen_add = N;
   const core::DecodeBackend& be = core::require_decode_backend(Device::cuda);
   if (be.append == nullptr) throw UnsupportedError("flashkv: the CUDA backend has no KV append");
-  be.append(p);  // synchronizes before `table` / `lens` are freed
+  try {
+    be.append(p);  // synchronizes before `table` / `lens` are freed
+  } catch (...) {  // a rejected value (checked on the device before anything is written): give the new pages back
+    while (s.pages.size() > pages_before) {
+      m.free_list.push_back(s.pages.back());
+      s.pages.pop_back();
+    }
+    s.version = version_before;
+    throw;
+  }
   s.n[static_cast<size_t>(layer)] = n1;
   s.nq[static_cast<size_t>(layer)] = n1;
 }

@@ -287,7 +287,7 @@ struct KVHalfFormat {
             const float a = x[c] < 0.0f ? -x[c] : x[c];
             amax = a > amax ? a : amax;
           }
-          scale = amax / fp8_spec(e4m3).max_value;
+          scale = fp8_token_scale(amax, e4m3);
           memcpy(m, &scale, 4);
         }
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
@@ -311,34 +311,49 @@ struct KVHalfFormat {
       mn = v < mn ? v : mn;
       mx = v > mx ? v : mx;
     }
-    const uint16_t mn_h = fp16_bits_round_down(mn);
-    const float mnf = fp16_bits_to_float(mn_h);
-    const uint16_t sc_h = fp16_bits_round_up((mx - mnf) / static_cast<float>(qmax));
-    const float scf = fp16_bits_to_float(sc_h);
-    const float inv = scf > 0.0f ? 1.0f / scf : 0.0f;
-    for (int32_t i = 0; i < n; ++i) {
-      float q = round_even((x[static_cast<int64_t>(i) * stride] - mnf) * inv);
-      q = q < 0.0f ? 0.0f : (q > static_cast<float>(qmax) ? static_cast<float>(qmax) : q);
-      out[static_cast<int64_t>(i) * code_stride] = static_cast<uint8_t>(q);
-    }
-    *scale_bits = sc_h;
-    *min_bits = mn_h;
+    const AsymParams a = asym_params(mn, mx, qmax);
+    for (int32_t i = 0; i < n; ++i) out[static_cast<int64_t>(i) * code_stride] = asym_code(x[static_cast<int64_t>(i) * stride], a, qmax);
+    *scale_bits = a.scale_bits;
+    *min_bits = a.min_bits;
   }
+  /// The pieces of quantize_asym_n, for encoders that find a group's extremes otherwise (the CUDA warp append): the
+  /// fp16 [scale, min] of a group with extremes mn <= mx and the reciprocal that quantizes it, and one code.
+  struct AsymParams {
+    uint16_t scale_bits, min_bits;
+    float minf, inv;
+  };
+  FLASHKV_HD static AsymParams asym_params(float mn, float mx, int32_t qmax) {
+    AsymParams a;
+    a.min_bits = fp16_bits_round_down(mn);
+    a.minf = fp16_bits_to_float(a.min_bits);
+    a.scale_bits = fp16_bits_round_up((mx - a.minf) / static_cast<float>(qmax));
+    const float scf = fp16_bits_to_float(a.scale_bits);
+    a.inv = scf > 0.0f ? 1.0f / scf : 0.0f;
+    return a;
+  }
+  FLASHKV_HD static uint8_t asym_code(float x, const AsymParams& a, int32_t qmax) {
+    float q = round_even((x - a.minf) * a.inv);
+    q = q < 0.0f ? 0.0f : (q > static_cast<float>(qmax) ? static_cast<float>(qmax) : q);
+    return static_cast<uint8_t>(q);
+  }
+  /// The per-token dynamic fp8 scale of a row with max |x| = amax.
+  FLASHKV_HD static float fp8_token_scale(float amax, bool e4m3) { return amax / fp8_spec(e4m3).max_value; }
   /// Packs head_dim integer codes (one per byte) into one row (planar, see the file comment).
   FLASHKV_HD void pack(const uint8_t* c8, uint8_t* row) const { pack_codes_n(c8, head_dim, code_bits(code), row); }
   FLASHKV_HD static void pack_codes_n(const uint8_t* c8, int32_t n, int32_t bits, uint8_t* row) {
     if (bits == 8) {
       memcpy(row, c8, static_cast<size_t>(n));
-    } else if (bits == 4) {
-      const int32_t h = n / 2;
-      for (int32_t i = 0; i < h; ++i) row[i] = static_cast<uint8_t>((c8[i] & 0xF) | ((c8[i + h] & 0xF) << 4));
-    } else {
-      const int32_t q = n / 4;
-      for (int32_t i = 0; i < q; ++i) {
-        row[i] = static_cast<uint8_t>((c8[i] & 3) | ((c8[i + q] & 3) << 2) | ((c8[i + 2 * q] & 3) << 4) |
-                                      ((c8[i + 3 * q] & 3) << 6));
-      }
+      return;
     }
+    for (int32_t i = 0; i < n * bits / 8; ++i) row[i] = pack_byte(c8, n, bits, i);
+  }
+  /// Byte i of a packed row of n codes (one per byte in c8) of `bits` bits (planar, see the file comment).
+  FLASHKV_HD static uint8_t pack_byte(const uint8_t* c8, int32_t n, int32_t bits, int32_t i) {
+    if (bits == 8) return c8[i];
+    if (bits == 4) return static_cast<uint8_t>((c8[i] & 0xF) | ((c8[i + n / 2] & 0xF) << 4));
+    const int32_t q = n / 4;
+    return static_cast<uint8_t>((c8[i] & 3) | ((c8[i + q] & 3) << 2) | ((c8[i + 2 * q] & 3) << 4) |
+                                ((c8[i + 3 * q] & 3) << 6));
   }
 
  private:
