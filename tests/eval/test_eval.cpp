@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "eval/demo.hpp"
+#include "skip_without_models.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/report.hpp"
 #include "flashkv/error.hpp"
@@ -25,15 +26,6 @@ std::vector<float> logp(std::initializer_list<double> p) {
 std::string tmp(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("flashkv_eval_test_" + std::to_string(::getpid()) + name)).string();
 }
-/// Skip (with the reason) instead of failing when the shipped model folder is missing (FLASHKV_MODELS_DIR).
-#define FLASHKV_SKIP_WITHOUT_MODELS()                                                                         \
-  do {                                                                                                        \
-    const std::string dir = models_dir(FLASHKV_DEFAULT_MODELS_DIR);                                           \
-    if (!std::filesystem::is_regular_file(dir + "/aidreams260K.bin") ||                                       \
-        !std::filesystem::is_regular_file(dir + "/aidreams260K.tok512.bin")) {                                \
-      GTEST_SKIP() << "shipped model not found in '" << dir << "': set FLASHKV_MODELS_DIR (default ../shared/models)"; \
-    }                                                                                                         \
-  } while (0)
 const Model& shipped() {
   static const LoadedModel lm =
       load_model_with_tokenizer(models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.bin",

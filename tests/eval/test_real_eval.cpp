@@ -10,6 +10,7 @@
 #include <random>
 
 #include "eval/demo.hpp"
+#include "skip_without_models.hpp"
 #include "eval/passkey.hpp"
 #include "eval/perplexity.hpp"
 #include "eval/prompt.hpp"
@@ -98,6 +99,7 @@ TEST(CompareRows, ExactForIdenticalAndHandMadeKl) {
 }
 
 TEST(Extend, OneTokenEqualsDecodeAndChunksMatchExactPrefill) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Model& m = shipped().model;
   const std::size_t V = static_cast<std::size_t>(m.config.vocab_size);
   const auto toks = random_tokens(100, m.config.vocab_size, seed());
@@ -134,6 +136,7 @@ TEST(Extend, OneTokenEqualsDecodeAndChunksMatchExactPrefill) {
 }
 
 TEST(Perplexity, ProtocolChunksScoresAndReference) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const LoadedModel& lm = shipped();
   const Model& m = lm.model;
   const auto toks = random_tokens(300, m.config.vocab_size, seed() + 1);
@@ -197,6 +200,7 @@ TEST(Perplexity, ProtocolChunksScoresAndReference) {
 }
 
 TEST(Passkey, PromptsKeysAndTrials) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const LoadedModel& lm = long_context();
   const std::string k = passkey_key(7, 1024, 2, 1);
   EXPECT_EQ(k.size(), 5u);
@@ -250,6 +254,7 @@ TEST(Passkey, PromptsKeysAndTrials) {
 }
 
 TEST(Speed, ProtocolDepthsAndRates) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const Model& m = shipped().model;
   SpeedOptions o;
   o.contexts = {128};
@@ -271,6 +276,7 @@ TEST(Speed, ProtocolDepthsAndRates) {
 }
 
 TEST(FitKvSpec, KiviGroupFollowsHeadDimAndExplicitGroupsSayWhatWorks) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   auto fit = [](const std::string& s, int32_t d) { return fit_kv_spec(parse_format_item(s), d).kv_cache_dtype; };
   EXPECT_EQ(fit("int4_kivi", 16), "int4_kivi_g16");
   EXPECT_EQ(fit("int2_kivi+r32", 16), "int2_kivi_g16");
@@ -297,6 +303,7 @@ TEST(FitKvSpec, KiviGroupFollowsHeadDimAndExplicitGroupsSayWhatWorks) {
 }
 
 TEST(Demo, ShippedModelTableJsonAndTexts) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
   const LoadedModel& lm = shipped();
   DemoOptions o;
   o.steps = 20;
