@@ -117,6 +117,16 @@ TEST(DecodePlan, OnePlanForEveryLayerAndStalePlansAreRejected) {
     expect_error<Error>(
         [&] { run_decode(cache, plan, 0, kvtest::view3(q, 3, 4, 64), kvtest::view3(o1, 3, 4, 64), nullptr); }, "q");
     expect_error<Error>([&] { (void)plan_decode(cache, ids, cu, 3, 0, opt); }, "num_heads");
+    // the plan's query dtype: a float type, named when not; a host plan made for bf16 queries still runs any float
+    DecodeOptions bad = opt;
+    bad.q_dtype = DType::int32;
+    expect_error<TypeError>([&] { (void)plan_decode(cache, ids, cu, 8, 0, bad); }, "options.q_dtype");
+    DecodeOptions bf = opt;
+    bf.q_dtype = DType::bfloat16;
+    DecodePlan plan_bf = plan_decode(cache, ids, cu, 8, 2, bf);
+    run_decode(cache, plan_bf, 2, kvtest::view3(q, 3, 8, 64), kvtest::view3(o1, 3, 8, 64), nullptr);
+    cache.attention(ids, cu, 2, kvtest::view3(q, 3, 8, 64), kvtest::view3(o2, 3, 8, 64), nullptr, opt);
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0);
   }
 }
 
