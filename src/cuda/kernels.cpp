@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/check.hpp"
+#include "cuda/common/auto_family.hpp"
 #include "cuda/common/tile_size.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"

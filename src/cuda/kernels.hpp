@@ -64,7 +64,7 @@ struct CallShape {
 /// decided once per call (device properties cached per device, no locks, no environment reads after the first call):
 ///   auto: the compiled head dim is the smallest sm80 one >= head_dim. When the device runs sm90 kernels
 ///         (device_runs_sm90) and FLASHKV_CUDA_SM80_ONLY is not set: for a forward, the sm90ws kernel of exactly that
-///         head dim where sm90ws_preferred(head_dim, shape...) (common/tile_size.hpp: where the H200 measured it ahead),
+///         head dim where sm90ws_preferred(head_dim, shape...) (common/auto_family.hpp: where the H200 measured it ahead),
 ///         else the sm90 kernel of exactly that head dim; each only if it fits the device's shared memory. Else sm80.
 ///   sm80 / sm90 / sm90ws: that family's smallest compiled head dim >= head_dim, or UnsupportedError naming the family
 ///         and why (no such kind in the family, not compiled, not this GPU, not this build, not enough shared memory).

@@ -69,19 +69,6 @@ constexpr FwdTileSm90Ws fwd_tile_sm90ws(int head_dim) {
     default: return {false, 128, 64, 64, 2};
   }
 }
-/// The automatic family's choice between the two Hopper forwards (kernels.cpp, select_kernel): sm90ws where the H200
-/// measured it ahead of the sm90 (cp.async wgmma) kernel, sm90 elsewhere. Measured (same run, 16k tokens, hidden 2048,
-/// fixed-length bf16 without softcap, bench/results/h200-v3-2026-12-01.md, sm90ws / sm90): 1.02-1.65x at every head
-/// dim from seqlen 2048 on, causal or not; at seqlen 512 hd256 1.31x (causal 1.11x), hd128 non-causal 1.27x, but
-/// hd128 causal 0.98x and hd64 0.91x (causal 0.75x): short K/V loops pay the warp-specialized pipeline's fill and
-/// drain. So: sm90ws when seqlen_k >= 2048, or head_dim >= 256, or head_dim >= 128 without a causal/window mask. (No
-/// cell between 512 and 2048 was measured: the boundary is conservative.) Varlen and softcap calls were not measured
-/// on sm90ws (softcap runs narrower tiles, block_n_softcap), so `auto` keeps them on sm90 until a benchmark shows
-/// otherwise; kernel_family = sm90ws runs them.
-constexpr bool sm90ws_preferred(int head_dim, int64_t seqlen_k, bool masked, bool varlen, bool softcap) {
-  if (varlen || softcap) return false;
-  return seqlen_k >= 2048 || head_dim >= 256 || (head_dim >= 128 && !masked);
-}
 /// The FA1-loop-order forward (progression benchmark): fixed 64 x 64, 4 warps.
 constexpr FwdTile fwd_v1_tile() { return {64, 64, 4}; }
 
