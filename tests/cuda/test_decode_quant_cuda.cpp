@@ -14,6 +14,7 @@
 //   * errors: CapacityError before anything is written, non-finite / out-of-range values named with their index and
 //     nothing written, KIVI / windows and uncompiled K/V combinations named in an UnsupportedError; pages reused after
 //     remove_sequence.
+#include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -53,7 +54,7 @@ struct QuantCase {
   std::vector<int32_t> nq = {1, 1, 1, 1};  ///< queries per sequence
   std::string name() const {
     return fmt + " d" + std::to_string(head_dim) + " h" + std::to_string(heads) + "/" + std::to_string(heads_kv) +
-           " page" + std::to_string(page_size) + (nq[2] > 1 ? " varlen" : "") +
+           " page" + std::to_string(page_size) + (std::any_of(nq.begin(), nq.end(), [](int32_t x) { return x > 1; }) ? " varlen" : "") +
            (dtype == DType::float16 ? " fp16" : "");
   }
 };
@@ -195,7 +196,9 @@ void check_case(const QuantCase& c) {
   const std::vector<double> qd(q.begin(), q.end());
   std::unique_ptr<DecodePlan> planp;
   try {
-    planp = std::make_unique<DecodePlan>(plan_decode(dev, ids, cu, H, 0));
+    DecodeOptions po;
+    po.q_dtype = c.dtype;  // a CUDA plan is made for one query dtype (bf16 by default)
+    planp = std::make_unique<DecodePlan>(plan_decode(dev, ids, cu, H, 0, po));
   } catch (const UnsupportedError& e) {  // a format this build does not compile: named, never a silent fallback
     EXPECT_NE(std::string(e.what()).find("not compiled"), std::string::npos) << e.what();
     std::printf("[quant-decode] %-40s decode not compiled in this build (codes checked)\n", c.name().c_str());
@@ -220,7 +223,7 @@ void check_case(const QuantCase& c) {
     const double naive_err = testing::max_abs_diff(naive, ref), naive_lse_err = testing::max_abs_diff(naive_lse, ref_lse);
     for (int splits : {1, 0, 5}) {
       DecodeOptions o;
-      o.num_splits = splits;
+      o.num_splits = splits, o.q_dtype = c.dtype;
       dout.poison();
       dlse.poison();
       if (splits == 0) {
@@ -319,7 +322,7 @@ TEST(CudaQuantKVCache, DeviceCodesEqualTheCpuCodecAndDecodeMatchesTheReference) 
 
 TEST(CudaQuantKVCache, PagesReusedAfterRemoveSequence) {
   QuantCase c;
-  c.fmt = "int4", c.lens = {150, 70};
+  c.fmt = "int4", c.lens = {150, 70}, c.nq = {1, 1};
   check_case(c);  // fills pages, then a fresh pair of caches below reuses freed ones
   std::mt19937_64 rng(flashkv::testing::test_seed() + 31);
   PagedKVCache host(qconfig(c, Device::cpu)), dev(qconfig(c, Device::cuda));
@@ -385,6 +388,7 @@ TEST(CudaQuantKVCache, UnsupportedCombinationsNameThemselves) {
   {
     QuantCase c;
     c.fmt = "int4_kivi";  // KIVI keys quantize G tokens at once out of the bf16 tail: not on the device yet
+    c.page_size = 32;     // a multiple of the key group (32), else the page_size error comes first
     PagedKVCache dev(qconfig(c, Device::cuda));
     dev.add_sequence(0);
     expect_error<UnsupportedError>([&] { dev.append(0, 0, k40, k40); }, "", {"int4_kivi"});

@@ -442,7 +442,7 @@ def test_paged_decode_errors(torch, rng):
     with pytest.raises(ValueError, match="'v_new'"):
         flashkv.paged_decode(q, kc, kc, table, seqlens, k_new=kc[:2, :1])
     with pytest.raises(ValueError, match="'num_splits'"):
-        flashkv.paged_decode(q, kc, kc, table, seqlens, num_splits=1000)
+        flashkv.paged_decode(q, kc, kc, table, seqlens, num_splits=1025)  # 0 (auto) .. 1024
     q256, _ = make(rng, (2, 1, 8, 256), "bfloat16")
     kc256, _ = make(rng, (8, 16, 2, 256), "bfloat16")
     try:
@@ -517,7 +517,7 @@ def test_device_kvcache_decodes_on_the_gpu(torch, rng, dtype):
     assert np.isfinite(f64(out_d)).all()
     assert max_err(f64(out_d), f64(out_q)) <= 2e-2  # bf16 / fp16 K, V, P and output rounding on the GPU
     assert max_err(f64(lse_d), f64(lse_q)) <= 2e-3
-    kivi = flashkv.KVCache(1, Hk, D, "int4_kivi", device="cuda")  # KIVI keys (a bf16 tail): not on the GPU yet
+    kivi = flashkv.KVCache(1, Hk, D, "int4_kivi", page_size=32, device="cuda")  # KIVI keys (a bf16 tail): not on the GPU yet
     kivi.add_sequence(0)
     with pytest.raises(flashkv.UnsupportedError, match="int4_kivi"):
         kivi.append(0, 0, kq, kq)
