@@ -17,7 +17,10 @@ Sections (FA3-paper conventions, docs/engineering.md):
            fwd+bwd = 3.5x fwd; ratios flashkv / cuDNN and flashkv / SDPA-flash.
   decode   32 query / 8 KV heads, d = 128, one new token, bf16 KV cache (flashkv: paged, page_size 256), batch 1..128,
            context 4k..128k: effective bandwidth = KV bytes / time, vs cuDNN / SDPA-flash and the measured HBM
-           read bandwidth.
+           read bandwidth. Two flashkv rows: "flashkv" through the public Python API (flashkv.paged_decode: argument
+           conversion + validation in Python on every call) and "flashkv C ABI" through the same raw ctypes call as
+           the previous release; do_bench times one call per flush, so where the kernel is shorter than the host's
+           per-call cost (batch 1) the Python row shows that cost. "C ABI / prev" is the like-for-like ratio.
   progression  naive (S and P materialized, PyTorch ops), v1 order (flashkv Algorithm.v1_order), v2 (flashkv tiled).
 Timing: triton.testing.do_bench (CUDA events, L2 flushed between calls, median). Results: JSON + markdown in --out.
 """
@@ -117,6 +120,7 @@ class PrevLib:
 
 
 PREV = None  # PrevLib in the --prev-worker process
+CUR = None  # this library (FLASHKV_LIBRARY) through PrevLib: decode timed without the Python binding's per-call cost
 try:  # FlashAttention-3's forward (PyPI wheel fa3-fwd==0.0.3; scripts/gpu-run installs it from .whl/ when carried)
     import fa3_fwd_interface as FA3
 except Exception:  # noqa: BLE001 — the column is then "-"
@@ -291,6 +295,11 @@ def decode(configs):
             r["TBps"] = kvbytes / r["ms"] / 1e9
             rows.append(r)
             print(f"  {rows[-1]}", flush=True)
+        if CUR is not None:  # this library through the raw C ABI, exactly as the previous release is called
+            r = timed(dict(b=bsz, L=ctx, backend="flashkv_cabi"), lambda: CUR.decode(q, kc, vc, table, seqlens, out, 0, ctx))
+            r["TBps"] = kvbytes / r["ms"] / 1e9
+            rows.append(r)
+            print(f"  {rows[-1]}", flush=True)
         # SDPA on the same tokens, contiguous [B, Hk, L, D] (gathered once; not timed)
         kk = kc[table.long().flatten()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
         vv = vc[table.long().flatten()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
@@ -395,15 +404,16 @@ def prefill_table(rows, paths):
 
 def decode_table(rows, read_tbps, paths):
     get = {(r["b"], r["L"], r["backend"]): r for r in rows}
-    lines = [f"| batch | context | flashkv TB/s | no-split TB/s | prev TB/s | cuDNN TB/s | SDPA flash TB/s | flashkv / "
-             f"HBM read ({read_tbps:.2f} TB/s) | flashkv / prev | flashkv / cuDNN | paths |", "|" + "---|" * 11]
+    lines = [f"| batch | context | flashkv TB/s | flashkv C ABI TB/s | no-split TB/s | prev TB/s | cuDNN TB/s | "
+             f"SDPA flash TB/s | flashkv / HBM read ({read_tbps:.2f} TB/s) | C ABI / prev | flashkv / cuDNN | "
+             f"C ABI / cuDNN | paths |", "|" + "---|" * 13]
     for b, ctx in sorted({(r["b"], r["L"]) for r in rows}):
         f = lambda n: (get.get((b, ctx, n)) or {}).get("TBps")  # noqa: E731
         fmt = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
-        fk, cu, pv = f("flashkv"), f("cudnn"), f("prev")
-        lines.append(f"| {b} | {ctx} | {fmt(fk)} | {fmt(f('flashkv_nosplit'))} | {fmt(pv)} | {fmt(cu)} | "
-                     f"{fmt(f('flash'))} | {(fk or 0) / read_tbps:.0%} | {(fk / pv if fk and pv else 0):.2f} | "
-                     f"{(fk / cu if fk and cu else 0):.2f} | "
+        fk, cu, pv, ca = f("flashkv"), f("cudnn"), f("prev"), f("flashkv_cabi")
+        lines.append(f"| {b} | {ctx} | {fmt(fk)} | {fmt(ca)} | {fmt(f('flashkv_nosplit'))} | {fmt(pv)} | {fmt(cu)} | "
+                     f"{fmt(f('flash'))} | {(fk or 0) / read_tbps:.0%} | {(ca / pv if ca and pv else 0):.2f} | "
+                     f"{(fk / cu if fk and cu else 0):.2f} | {(ca / cu if ca and cu else 0):.2f} | "
                      f"{paths.ref(get.get((b, ctx, 'flashkv')), get.get((b, ctx, 'flashkv_nosplit')))} |")
     return "\n".join(lines)
 
@@ -428,7 +438,7 @@ def main():
     ap.add_argument("--prev-worker", help=argparse.SUPPRESS)  # internal: time only this library, write prev.json
     a = ap.parse_args()
     sections = a.sections.split(",")
-    global PREV
+    global PREV, CUR
     seqlens = (1024, 4096, 16384) if a.quick else (512, 1024, 2048, 4096, 8192, 16384)
     decode_grid = ((1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 16384), (128, 8192), (128, 4096))
     if a.prev_worker:
@@ -453,6 +463,7 @@ def main():
     if "flex" in sections:
         res["flex"] = flex_rows(((128, 8192), (64, 8192)))
     if "decode" in sections:
+        CUR = PrevLib(L.library_path())  # the same loaded library, called like the previous release (ctypes only)
         res["decode"] = decode(decode_grid)
     if "progression" in sections:
         res["progression"] = progression(((128, 1024, False), (128, 4096, False), (128, 4096, True)))

@@ -151,6 +151,16 @@ def test_generate_with_paged_cache_on_cuda(rng):
             gap = float(s[a[row, step]] - s[b[row, step]])
             assert gap <= 0.05 * float(s[a[row, step]].abs()) + 0.0625, (row, step, gap)
     print(f"token agreement with sdpa: {agree:.3f}")
+    # No attention mask (the appends fused into paged_decode) and a pool of exactly prompt + new tokens: every step's
+    # no-sync promise (the cached length before the append) fits, and the tokens equal those of an all-ones mask (the
+    # separate-append path) on the same rows.
+    two = ids[[0, 2]]
+    tight = ft.PagedCache(model.config, "bf16", max_cache_len=40 + 24)
+    nomask = model.generate(two, max_new_tokens=24, do_sample=False, past_key_values=tight)
+    ones = model.generate(two, attention_mask=torch.ones_like(two), max_new_tokens=24, do_sample=False,
+                          past_key_values=ft.PagedCache(model.config, "bf16", max_cache_len=40 + 24))
+    assert torch.equal(nomask, ones), (nomask[:, 40:], ones[:, 40:])
+    assert tight.get_seq_length() == 40 + 23
     with pytest.raises(flashkv.UnsupportedError, match="kv_cache_dtype"):
         model.generate(ids, max_new_tokens=2, past_key_values=ft.PagedCache(model.config, "int4", max_cache_len=64))
 

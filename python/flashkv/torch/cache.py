@@ -182,7 +182,10 @@ class _PagesBackend:
     def attend(self, layer, q, scale, causal, window_left, softcap, k_new=None, v_new=None) -> torch.Tensor:
         if window_left >= 0:
             raise UnsupportedError("flashkv: argument 'sliding_window': PagedCache on CUDA has no sliding window yet")
-        max_k = self.owner.layers[layer].logical_len + q.shape[1]
+        # The promise cache_seqlens <= max_k (no read-back): with k_new the kernel appends it, so the cached length
+        # before this call is at most logical_len; without it the tokens were appended already. (>= 1: 0 means "no
+        # promise", which costs a synchronous read of cache_seqlens.)
+        max_k = max(self.owner.layers[layer].logical_len + (0 if k_new is not None else q.shape[1]), 1)
         out, _ = _ops.paged_decode(q.contiguous(), self.k[layer], self.v[layer], self.page_table, self.seqlens[layer],
                                    k_new, v_new, scale, causal, softcap, 0, max_k)
         if k_new is not None:

@@ -72,7 +72,10 @@ def _unpad_plan(mask: torch.Tensor, q_len: int):
     idx_q = torch.nonzero(mq.flatten(), as_tuple=False).flatten()
     cu_k = torch.nn.functional.pad(torch.cumsum(lens_k, 0, dtype=torch.int32), (1, 0))
     cu_q = torch.nn.functional.pad(torch.cumsum(lens_q, 0, dtype=torch.int32), (1, 0))
-    max_k, max_q = (int(x) for x in torch.stack([lens_k.max(), lens_q.max()]).tolist())
+    max_k, max_q, min_k, min_q = (int(x) for x in torch.stack([lens_k.max(), lens_q.max(), lens_k.min(),
+                                                                 lens_q.min()]).tolist())
+    if min_k == mask.shape[1] and min_q == q_len:
+        return None  # no padding: the dense call (no gathers / scatters)
     return idx_q, idx_k, cu_q, cu_k, max_q, max_k
 
 
@@ -125,7 +128,8 @@ def flashkv_attention_forward(
 
     b, h, sq, d = query.shape
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # bshd views, no copies
-    if attention_mask is None:
+    unpad = _MASK_MEMO.get(attention_mask, sq) if attention_mask is not None else None
+    if unpad is None:  # no mask, or a mask without padding (one host read per new mask, shared by the layers)
         cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
         plan = None
@@ -143,7 +147,7 @@ def flashkv_attention_forward(
                                  cu_q, cu_k, max_q, max_k, scale, causal, left, right, cap, False)
         return out.view(b, sq, h, -1), None
 
-    idx_q, idx_k, cu_q, cu_k, max_q, max_k = _MASK_MEMO.get(attention_mask, sq)
+    idx_q, idx_k, cu_q, cu_k, max_q, max_k = unpad
     qu = q.reshape(b * sq, h, d).index_select(0, idx_q)
     ku = k.reshape(-1, *k.shape[2:]).index_select(0, idx_k)
     vu = v.reshape(-1, *v.shape[2:]).index_select(0, idx_k)
