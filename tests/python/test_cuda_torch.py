@@ -481,11 +481,13 @@ def test_device_kvcache_decodes_on_the_gpu(torch, rng, dtype):
     assert_cuda_like(lse, q, torch.float32)
     assert tuple(out.shape) == (3, H, D) and tuple(lse.shape) == (H, 3)
     o64, l64 = f64(out), f64(lse)
+    refs = []
     for s in range(len(lens)):
         kk, vv = (x.astype(np.float64)[None] for x in c.dequantize(s, 1))
         qs = q64[None, s : s + 1]
         ref, ref_lse = attention_ref(qs, kk, vv, causal=True)
         base = max_err(forward_lowp(qs, kk, vv, dtype, causal=True).astype(np.float64), ref)
+        refs.append((ref, base))
         assert max_err(o64[None, s : s + 1], ref) <= 2 * base + 1e-5, (s, base)
         lbase = lse_err(lse_lowp(qs, kk, dtype, causal=True), ref_lse)
         assert lse_err(l64[None, :, s : s + 1], ref_lse) <= 2 * lbase + 1e-4, (s, lbase)
@@ -495,7 +497,10 @@ def test_device_kvcache_decodes_on_the_gpu(torch, rng, dtype):
         for a, b in zip(c.dequantize(s, 1), host.dequantize(s, 1)):
             assert np.array_equal(a, b)
     out_cpu, _ = host.attention([0, 1, 2], q.cpu(), 1)
-    assert max_err(f64(out_cpu), o64) <= 2 * base + 1e-5
+    # the CPU decode of the copied cache meets the same rule against the same reference (the two 16-bit outputs may
+    # differ from each other by one rounding step each)
+    for s, (ref, base) in enumerate(refs):
+        assert max_err(f64(out_cpu)[None, s : s + 1], ref) <= 2 * base + 1e-5, (s, base)
 
     fixed = flashkv.KVCache(1, Hk, D, fmt, device="cuda", capacity_pages=1)
     fixed.add_sequence(0)
