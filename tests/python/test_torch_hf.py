@@ -94,6 +94,25 @@ def test_generate_float32_equals_sdpa_token_for_token(rng):
     assert cache.get_seq_length() == ids.shape[1] + 15  # positions (padding included) of the prompt + 15 fed back
 
 
+def test_mask_without_padding_takes_the_dense_call(rng):
+    """The attention function given an all-ones 2D mask (transformers strips such masks itself in generate; direct
+    callers may not) returns the no-mask result through the dense call, not the varlen gather/scatter."""
+    from flashkv.torch.hf import flashkv_attention_forward
+
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, h, 12, 32))).float() for h in (4, 2, 2))
+    module = torch.nn.Module()
+    module.is_causal = True
+    none, _ = flashkv_attention_forward(module, q, k, v, None)
+    ones, _ = flashkv_attention_forward(module, q, k, v, torch.ones(2, 12, dtype=torch.int64))
+    path = flashkv.last_kernel_path()
+    padded_mask = torch.ones(2, 12, dtype=torch.int64)
+    padded_mask[1, :3] = 0
+    flashkv_attention_forward(module, q, k, v, padded_mask)
+    padded_path = flashkv.last_kernel_path()
+    assert torch.equal(ones, none)
+    assert "varlen" not in path and "varlen" in padded_path, (path, padded_path)
+
+
 def test_generate_bfloat16_equals_sdpa_up_to_bf16_ties(rng):
     """Token for token until the first step where the two picks are a tie within bf16 noise: the float32 evaluation of
     the same weights on the common prefix separates them by at most 2x sdpa's own bf16 logit error there (sdpa and
