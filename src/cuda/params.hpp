@@ -43,6 +43,10 @@ struct FwdParams {
   float* v1_o = nullptr;
   float* v1_ml = nullptr;
   int32_t v1_rows = 0;  ///< seqlen_q rounded up to the v1 query block
+  /// Rare-path trigger (common/nonfinite_fixup.cuh): a kernel whose epilogue sees a non-finite value in an output it
+  /// writes sets *nonfinite_flag = 1; the fix-up kernel launched after it on the same stream exits at once while the
+  /// flag is 0. Null where the launcher does not track it (kernels that recompute such rows themselves).
+  int32_t* nonfinite_flag = nullptr;
 };
 
 /// Backward: forward fields + gradients and workspace.

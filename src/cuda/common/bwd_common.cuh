@@ -229,10 +229,12 @@ __device__ __forceinline__ void bwd_p_ds(Frag<kRT, kCT> s, Frag<kRT, kCT> dp, co
 }
 
 /// Epilogue: dK (scaled by softmax_scale) and dV of this thread, fragments (a, dt, hh, e) at key row
-/// key_row0 + 16a + 8hh + g and column col0 + 8dt + 2t + e of the block.
+/// key_row0 + 16a + 8hh + g and column col0 + 8dt + 2t + e of the block. A non-finite value stored (a boundary tile's
+/// masked 0 x inf leaks only as one; or a legitimate one) sets the fix-up's flag (common/nonfinite_fixup.cuh).
 template <class T, int kRT, int kCT>
 __device__ __forceinline__ void bwd_store_dkdv_frags(const BwdParams& p, const BwdBlock& blk, Frag<kRT, kCT> dk,
                                                      Frag<kRT, kCT> dv, int key_row0, int col0, int g, int t) {
+  bool bad = false;
 #pragma unroll
   for (int a = 0; a < kRT; ++a)
 #pragma unroll
@@ -243,9 +245,12 @@ __device__ __forceinline__ void bwd_store_dkdv_frags(const BwdParams& p, const B
         const int c = col0 + dt * 8 + 2 * t;
         if (jl >= blk.rows_k || c >= p.head_dim) continue;
         const float k0v = dk(a, dt, hh, 0) * p.softmax_scale, k1v = dk(a, dt, hh, 1) * p.softmax_scale;
+        bad |= !(fabsf(k0v) < INFINITY) || !(fabsf(k1v) < INFINITY) || !(fabsf(dv(a, dt, hh, 0)) < INFINITY) ||
+               !(fabsf(dv(a, dt, hh, 1)) < INFINITY);
         bwd_store_dkdv<T>(p, blk.si, blk.b, blk.h, blk.hk, blk.n0, jl, c, k0v, k1v, dv(a, dt, hh, 0),
                           dv(a, dt, hh, 1));
       }
+  if (bad && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 1;
 }
 
 }  // namespace flashkv::cuda::attn

@@ -1,7 +1,8 @@
 // The backward driver shared by both kernel families (FA2 Alg. 2, Dao 2023 §3.1.2): preprocess (D = rowsum(dout o
 // out), lse * log2(e), zero dq_accum), the family's main K/V-block-parallel kernel (kernel/bwd_kernel.cuh with
-// sm80/mainloop_bwd.cuh or sm90/mainloop_bwd.cuh), dq conversion (dq = dq_accum * softmax_scale -> dtype) and, for
-// GQA, the fixed-order sum of the per-query-head dk/dv over each group.
+// sm80/mainloop_bwd.cuh or sm90/mainloop_bwd.cuh), dq conversion (dq = dq_accum * softmax_scale -> dtype), for GQA
+// the fixed-order sum of the per-query-head dk/dv over each group, and the non-finite fix-up
+// (common/nonfinite_fixup.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/util.hpp"
+#include "cuda/common/nonfinite_fixup.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/params.hpp"
 
@@ -27,6 +29,7 @@ template <class T>
 __global__ void bwd_preprocess_kernel(const BwdParams p) {
   const int lanes = preprocess_lanes(p.head_dim);
   const int64_t gid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (gid == 0 && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 0;  // before the main kernel can set it
   const int64_t item = gid / lanes;  // (packed row, head)
   const int li = static_cast<int>(gid % lanes);
   const bool valid = item < p.total_q * p.num_heads;
@@ -84,6 +87,10 @@ __global__ void bwd_convert_dq_kernel(const BwdParams p) {
   const float4* src = reinterpret_cast<const float4*>(p.dq_accum + rh * p.head_dim_rounded + c);
   const float4 v0 = src[0], v1 = src[1];
   const float sc = p.softmax_scale;
+  // A non-finite dq (a leak of a boundary tile's 0 x inf, or a legitimate one) triggers the fix-up kernel.
+  const bool bad = not_finite(v0.x) || not_finite(v0.y) || not_finite(v0.z) || not_finite(v0.w) ||
+                   not_finite(v1.x) || not_finite(v1.y) || not_finite(v1.z) || not_finite(v1.w);
+  if (bad && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 1;
   uint4 out;
   out.x = pack2<T>(v0.x * sc, v0.y * sc);
   out.y = pack2<T>(v0.z * sc, v0.w * sc);
@@ -122,10 +129,16 @@ __global__ void bwd_reduce_kv_kernel(const BwdParams p) {
 }  // namespace attn
 
 /// Preprocess, main kernel (`plain`, or `softcap` when p.softcap != 0) of configuration Cfg (kSmemBytes, kThreads,
-/// kBlockN, kHeadDim), dq conversion and (GQA) dk/dv reduction. Shared by the sm80 and sm90 main kernels.
+/// kBlockN, kHeadDim), dq conversion, (GQA) dk/dv reduction and the non-finite fix-up (common/nonfinite_fixup.cuh:
+/// returns at once unless an output holds a non-finite value). Shared by the sm80 and sm90 main kernels.
 template <class Cfg, class T>
-void run_bwd_with(const BwdParams& p, cudaStream_t stream, void (*plain)(BwdParams), void (*softcap)(BwdParams)) {
+void run_bwd_with(const BwdParams& params, cudaStream_t stream, void (*plain)(BwdParams), void (*softcap)(BwdParams)) {
   require_smem(Cfg::kSmemBytes, "backward", Cfg::kHeadDim);  // before anything is launched
+  // The fix-up's flag: zeroed by the preprocess, set by the dk/dv epilogue and the dq conversion (stream-ordered
+  // allocation, freed after the fix-up has run). Without query rows there is nothing to fix (every gradient is 0).
+  DeviceBuffer flag(params.total_q > 0 ? sizeof(int32_t) : 0, stream);
+  BwdParams p = params;
+  p.nonfinite_flag = flag.as<int32_t>();
   if (p.total_q > 0) {
     const int64_t threads = p.total_q * p.num_heads * attn::preprocess_lanes(p.head_dim);
     attn::bwd_preprocess_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
@@ -155,6 +168,12 @@ void run_bwd_with(const BwdParams& p, cudaStream_t stream, void (*plain)(BwdPara
       attn::bwd_reduce_kv_kernel<T><<<static_cast<unsigned>((nk + 255) / 256), 256, 0, stream>>>(p);
       check_cuda(cudaGetLastError(), "bwd dk/dv reduction launch");
     }
+  }
+  if (p.total_q > 0) {
+    attn::bwd_nonfinite_fixup_kernel<T, Cfg::kHeadDim>
+        <<<attn::fixup_blocks(p.total_q * p.num_heads + p.total_k * p.num_heads_kv), attn::kFixupThreads, 0, stream>>>(
+            p);
+    check_cuda(cudaGetLastError(), "bwd non-finite fix-up launch");
   }
 }
 

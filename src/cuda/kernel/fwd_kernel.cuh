@@ -14,6 +14,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/common/block.cuh"
+#include "cuda/common/nonfinite_fixup.cuh"
 #include "cuda/params.hpp"
 #include "cuda/common/scheduler.cuh"
 #include "cuda/util.hpp"
@@ -44,21 +45,40 @@ __global__ void __launch_bounds__(Mainloop::kThreads, 1) fwd_kernel(const FwdPar
     const auto flagged = Epilogue::store(p, blk, smem, acc.o(), acc.softmax);
     if constexpr (Mainloop::kExactNonFiniteRows) {
       if (flagged.any) fwd_recompute_rows<Mainloop, Epilogue, Scheduler>(p, flagged);
+    } else {
+      // No in-kernel rare path: flag the call for the fix-up kernel that launch_fwd runs after this one.
+      if (flagged.any && threadIdx.x % 32 == 0 && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 1;
     }
   }
 }
 
-/// Host side: launches fwd_kernel<Mainloop<kSoftcap>, ...> for p.softcap, with Config's shared memory and grid.
+/// Host side: launches fwd_kernel<Mainloop<kSoftcap>, ...> for p.softcap, with Config's shared memory and grid. A
+/// mainloop without the in-kernel rare path (kExactNonFiniteRows false) gets a flag (zeroed here) and the fix-up
+/// kernel after it (common/nonfinite_fixup.cuh): one memset and one launch that returns at once while no row of the
+/// call's out holds a non-finite value.
 template <class Config, class MainloopPlain, class MainloopSoftcap, class Scheduler>
 void launch_fwd(const FwdParams& p, cudaStream_t stream, const char* family) {
+  static_assert(MainloopPlain::kExactNonFiniteRows == MainloopSoftcap::kExactNonFiniteRows);
   require_smem(Config::kSmemBytes, "forward", Config::kHeadDim);
   auto kernel = p.softcap ? fwd_kernel<MainloopSoftcap, typename MainloopSoftcap::Epilogue, Scheduler>
                           : fwd_kernel<MainloopPlain, typename MainloopPlain::Epilogue, Scheduler>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes), family);
   const dim3 grid = Scheduler::grid(p);
   if (grid.x == 0 || p.batch == 0 || p.num_heads == 0) return;
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), family);
+  if constexpr (MainloopPlain::kExactNonFiniteRows) {
+    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+    check_cuda(cudaGetLastError(), family);
+  } else {
+    DeviceBuffer flag(sizeof(int32_t), stream);  // stream-ordered: freed after the fix-up has run
+    check_cuda(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), stream), "cudaMemsetAsync(non-finite flag)");
+    FwdParams pf = p;
+    pf.nonfinite_flag = flag.as<int32_t>();
+    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(pf);
+    check_cuda(cudaGetLastError(), family);
+    attn::fwd_nonfinite_fixup_kernel<typename MainloopPlain::Element, Config::kHeadDim>
+        <<<attn::fixup_blocks(pf.total_q * pf.num_heads), attn::kFixupThreads, 0, stream>>>(pf);
+    check_cuda(cudaGetLastError(), "fwd non-finite fix-up launch");
+  }
 }
 
 }  // namespace flashkv::cuda

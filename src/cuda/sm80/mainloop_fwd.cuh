@@ -57,9 +57,10 @@ struct FwdMainloop {
   /// Whether the kernel carries the exact rare path for rows that a non-finite input reaches (common/nonfinite.cuh).
   /// Off only where its mere presence (an out-of-line call) changes this mainloop's register allocation: the 4-warp
   /// 128-row configurations of head dims 64 (128 x 128) and 96 (128 x 64) sit at 255 registers and their hot loops
-  /// spill with it (bench/results/sass-restructure-2026-12-01.md). There a masked key's non-finite V can still turn
-  /// a boundary row into NaN (docs/gpu.md, "Non-finite inputs").
+  /// spill with it (bench/results/sass-restructure-2026-12-01.md). Those kernels only flag a call whose out holds a
+  /// non-finite row, and launch_fwd's fix-up kernel recomputes such rows exactly (common/nonfinite_fixup.cuh).
   static constexpr bool kExactNonFiniteRows = !(kMT == 2 && (kHeadDim == 64 || kHeadDim == 96));
+  using Element = T;
   using TileQ = typename Cfg::TileQ;
   using TileKV = typename Cfg::TileKV;
   using Softmax = OnlineSoftmax<kMT, Cfg::kRescaleSkip>;
