@@ -5,8 +5,11 @@
 // output element with a float64 reference written from the definition (explicit mask, NaN-propagating max), and
 // the finite elements with the usual rule (2x / 3x the naive same-precision error), for the default family and
 // for sm80 (and, forward only, sm90ws) forced through AttentionOptions::kernel_family. Forward: causal, sliding
-// window, varlen, softcap, -inf logits. Backward: non-finite v under causal masking, and non-finite q / k / dout without masking (with masking
-// these still leak through the backward's tensor-core GEMMs: docs/gpu.md, "Non-finite inputs", known gap).
+// window, varlen, softcap, -inf logits, at head dim 128 and, for the sm80 kernels without an in-kernel rare path
+// (FwdMainloop::kExactNonFiniteRows), 64 and 96. Backward: non-finite q, k, v and dout without masking and on the
+// boundary tiles (causal diagonal, window edges, varlen sequence ends) where the masked rows/keys of the same tile
+// must stay finite (the fix-up of common/nonfinite_fixup.cuh), GQA and MHA, deterministic and atomic dQ, softcap, at
+// head dims 128 and 64.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,6 +41,7 @@ struct Problem {
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  bool deterministic = true;  ///< backward: dQ in a fixed order (false: float32 atomics)
   KernelFamily family = KernelFamily::automatic;
   std::vector<int> cu_q, cu_k;
   int total_q() const { return cu_q.back(); }
@@ -183,7 +187,7 @@ struct Case {
 };
 
 void run_case(const Case& cs) {
-  SCOPED_TRACE(cs.name + " [" + kernel_family_name(cs.p.family) + "]");
+  SCOPED_TRACE(cs.name + " [" + kernel_family_name(cs.p.family) + ", head_dim " + std::to_string(cs.p.d) + "]");
   const Problem& p = cs.p;
   const DType t = DType::bfloat16;
   std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(cs.name));
@@ -208,7 +212,7 @@ void run_case(const Case& cs) {
   ob.poison(), lb.poison(), dq_.poison(), dk_.poison(), dv_.poison();
   AttentionOptions o;
   o.causal = p.causal, o.window_size_left = p.window_left, o.window_size_right = p.window_right;
-  o.softcap = p.softcap, o.kernel_family = p.family, o.deterministic = true;
+  o.softcap = p.softcap, o.kernel_family = p.family, o.deterministic = p.deterministic;
   const int B = static_cast<int>(p.lq.size()), S = p.lq[0], SK = p.lk[0];
   auto v4 = [&](const DevBuf& x, int s, int h) { return dev_view(x, t, {B, s, h, D}); };
   auto v3 = [&](const DevBuf& x, int n, int h) { return dev_view(x, t, {n, h, D}); };
@@ -344,25 +348,68 @@ std::vector<Case> backward_cases() {
     c.bad = {{Where::v, 59 + 30, 0, 11, kNaN}};
     cs.push_back(c);
   }
+  // Boundary tiles: the bad value sits in a tile that masking splits, so the tile's GEMMs multiply a masked P or dS
+  // of 0 with it; the rows (dq) or keys (dk/dv) of that tile that do not see it must stay finite and exact.
+  {  // key 100 of batch 0 is seen by rows >= 80 only (shift 20): dq of rows < 80 and dk/dv of the other keys finite.
+    Case c{"bwd causal, NaN in k (diagonal tile)", fixed(2, 150, 170), {{Where::k, 100, 0, 4, kNaN}}, true};
+    c.p.causal = true;
+    cs.push_back(c);
+  }
+  {  // row 40 of batch 1 sees keys <= 60: dk/dv of keys > 60 (the same key tiles) finite.
+    Case c{"bwd causal, NaN in q (diagonal tile)", fixed(2, 150, 170), {{Where::q, 150 + 40, 1, 7, kNaN}}, true};
+    c.p.causal = true;
+    cs.push_back(c);
+  }
+  {  // dout of row 30 reaches dv of keys <= 50 only (P = 0 x inf elsewhere), and dq of its own row.
+    Case c{"bwd causal, +inf in dout (diagonal tile)", fixed(2, 150, 170), {{Where::dout, 30, 0, 12, kInf}}, true};
+    c.p.causal = true;
+    cs.push_back(c);
+  }
+  {  // both window edges: key 70 is seen by rows 65..90 only, row 120 sees keys 100..125 only.
+    Case c{"bwd window, NaN in k, -inf in q, NaN in dout", fixed(1, 160, 160),
+           {{Where::k, 70, 0, 2, kNaN}, {Where::q, 120, 1, 9, -kInf}, {Where::dout, 10, 0, 3, kNaN}}, true};
+    c.p.window_left = 20, c.p.window_right = 5;
+    cs.push_back(c);
+  }
+  {  // MHA (dk/dv stored by the main kernel's epilogue directly) and atomic dQ.
+    Case c{"bwd causal MHA atomic, NaN in q, +inf in k", fixed(2, 150, 170),
+           {{Where::q, 150 + 60, 1, 0, kNaN}, {Where::k, 110, 0, 5, kInf}}, true};
+    c.p.causal = true, c.p.heads = c.p.heads_kv = 2, c.p.deterministic = false;
+    cs.push_back(c);
+  }
+  {
+    Case c{"bwd softcap sliding window, NaN in k and dout", fixed(1, 200, 200),
+           {{Where::k, 90, 0, 1, kNaN}, {Where::dout, 150, 1, 6, kNaN}}, true};
+    c.p.softcap = 20.f, c.p.window_left = 40, c.p.window_right = 0;
+    cs.push_back(c);
+  }
+  {  // varlen: the bad values of one sequence stay in it (and in the rows / keys of it that see them).
+    Case c;
+    c.name = "bwd varlen causal, NaN in q, k and dout";
+    c.p.lq = {37, 0, 90, 65}, c.p.lk = {50, 9, 90, 130}, c.p.varlen = true, c.p.causal = true, c.backward = true;
+    c.p.finish();
+    c.bad = {{Where::q, 37 + 10, 0, 1, kNaN}, {Where::k, 149 + 100, 0, 2, kNaN}, {Where::dout, 5, 1, 4, kInf}};
+    cs.push_back(c);
+  }
   return cs;
 }
 
-bool have_head_dim_128() {
+bool have_head_dim(int d, KernelFamily f) {
   try {
     Case c{"probe", fixed(1, 1, 1), {}};
-    c.p.heads = c.p.heads_kv = 1;
+    c.p.heads = c.p.heads_kv = 1, c.p.d = d, c.p.family = f;
     run_case(c);
     return true;
   } catch (const UnsupportedError& e) {
-    std::printf("  [skipped: head_dim 128 is not compiled] %s\n", e.what());
+    std::printf("  [skipped: head_dim %d is not compiled] %s\n", d, e.what());
     return false;
   }
 }
 
-void run_all(const std::vector<Case>& cases, KernelFamily f) {
-  if (!have_head_dim_128()) GTEST_SKIP() << "head_dim 128 not compiled";
+void run_all(const std::vector<Case>& cases, KernelFamily f, int d = 128) {
+  if (!have_head_dim(d, f)) GTEST_SKIP() << "head_dim " << d << " not compiled";
   for (Case c : cases) {
-    c.p.family = f;
+    c.p.family = f, c.p.d = d;
     run_case(c);
   }
 }
@@ -375,6 +422,14 @@ TEST(CudaNonFiniteSm90ws, ForwardFollowsTheDefinition) {
 }
 TEST(CudaNonFinite, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::automatic); }
 TEST(CudaNonFiniteSm80, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::sm80); }
+// The sm80 forward of head dims 64 and 96 (4 warps x 32 rows) has no in-kernel rare path: the fix-up kernel covers it.
+TEST(CudaNonFiniteSm80, ForwardHeadDim64FollowsTheDefinition) { run_all(forward_cases(), KernelFamily::sm80, 64); }
+TEST(CudaNonFiniteSm80, ForwardHeadDim96FollowsTheDefinition) { run_all(forward_cases(), KernelFamily::sm80, 96); }
+// hd96 on Hopper: `auto` runs sm80 (no sm90 kernel); hd64: sm90 / sm90ws.
+TEST(CudaNonFinite, ForwardHeadDim96FollowsTheDefinition) { run_all(forward_cases(), KernelFamily::automatic, 96); }
+// Other backward tile configurations (hd64: 128 x 128 on sm80 and sm90).
+TEST(CudaNonFinite, BackwardHeadDim64FollowsTheDefinition) { run_all(backward_cases(), KernelFamily::automatic, 64); }
+TEST(CudaNonFiniteSm80, BackwardHeadDim64FollowsTheDefinition) { run_all(backward_cases(), KernelFamily::sm80, 64); }
 
 }  // namespace
 }  // namespace flashkv::cudatest
