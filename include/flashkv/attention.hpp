@@ -49,9 +49,11 @@
 //   dk_j = scale Σ_{i: j∈J_i} dS_ij q_i — evaluated in IEEE arithmetic, so a NaN/inf reaches exactly the gradients
 //   whose sums contain it (a masked pair is never 0·x). Nothing is checked or reported: like FlashAttention and
 //   PyTorch, the library propagates non-finite values instead of raising.
-//   CUDA follows the rule exactly too: where a boundary tile's GEMM could multiply a masked 0 with a non-finite value,
-//   the output rows that are not finite are recomputed from the definition (docs/gpu.md, "Non-finite inputs"), so a
-//   non-finite input costs the heads it reaches a slow (exact) path; calls whose outputs are all finite never take it.
+//   CUDA follows the rule too: where a boundary tile's GEMM could multiply a masked 0 with a non-finite value, the
+//   output rows that are not finite are recomputed from the definition (docs/gpu.md, "Non-finite inputs"), so a
+//   non-finite input costs the heads it reaches a slow path; calls whose outputs are all finite never take it. A row
+//   (or key) such a recompute repaired holds the exact values within float32 rounding, not necessarily the same bits
+//   as the call without the bad value.
 // GQA/MQA: num_heads % num_heads_kv == 0; query head h reads kv head h / (num_heads / num_heads_kv).
 //
 // ERRORS: flashkv::Error naming the argument with expected vs actual for wrong rank/shape, dtype mismatch
