@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,32 @@ namespace flashkv::cuda {
 namespace {
 
 constexpr int kDecodeBlockN = 64;  // tokens per key block (sm80::DecodeConfig::kBlockN)
-constexpr int kCtasPerSm = 2;      // decode CTAs resident per SM (shared memory bound)
+
+/// Decode CTAs of one instantiation resident per SM on `device` (its shared memory and registers; asked of the
+/// launcher once per (instantiation, device), then cached).
+int ctas_per_sm(DecodeLaunch launch, int32_t device) {
+  struct Known {
+    DecodeLaunch launch;
+    int32_t device;
+    int ctas;
+  };
+  static std::mutex mu;
+  static std::vector<Known> known;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Known& k : known)
+      if (k.launch == launch && k.device == device) return k.ctas;
+  }
+  DecodeParams q;
+  int32_t n = 0;
+  q.query_ctas_per_sm = &n;
+  launch(q, nullptr);
+  if (n < 1) throw UnsupportedError("flashkv: the CUDA decode kernel does not fit on device " + std::to_string(device) +
+                                    " (0 resident CTAs per SM at its shared memory)");
+  std::lock_guard<std::mutex> lock(mu);
+  known.push_back({launch, device, n});
+  return n;
+}
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -77,6 +103,7 @@ class CudaDecodeWork final : public core::DecodeWork {
  private:
   const KernelEntry* ke_ = nullptr;
   const QuantDecodeEntry* qe_ = nullptr;  ///< packed pages: the quantized instantiation
+  DecodeLaunch launch_ = nullptr;         ///< the kernel's launcher (ke_ or qe_)
   cudaStream_t stream_ = nullptr;
   int32_t device_ = 0;
   int32_t num_splits_ = 1;
@@ -111,6 +138,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     qe_ = &find_quant_decode(p.head_dim, p.dtype, p.kv.format[0], p.kv.format[1], p.kv.format_name[0],
                              p.kv.format_name[1]);
   }
+  launch_ = ke_ != nullptr ? reinterpret_cast<DecodeLaunch>(ke_->launch) : qe_->launch;
   if (p.batch > 65535) throw UnsupportedError("flashkv: CUDA decode supports batch <= 65535, got " + str(p.batch));
   check_aligned(p.q, {p.q_strides.batch, p.q_strides.row, p.q_strides.head}, "q");
   check_aligned(p.out, {p.out_strides.batch, p.out_strides.row, p.out_strides.head}, "out");
@@ -128,6 +156,10 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
       throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
                              p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
                              str(f.tokens_per_unit) + " tokens per unit)");
+    }
+    if (!raw16 && f.scaling == kv::KVScaling::token_affine && f.group % 16 != 0) {  // one MMA k-slice per group
+      throw UnsupportedError(std::string("flashkv: the CUDA decode reads channel groups of a multiple of 16; ") + name +
+                             " (" + p.kv.format_name[half] + ") has groups of " + str(f.group));
     }
   }
   const int64_t group = p.group_size();
@@ -188,7 +220,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
   const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
   num_splits_ = p.num_splits > 0 ? p.num_splits
                                  : decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks,
-                                                     static_cast<int64_t>(num_sms()) * kCtasPerSm);
+                                                     static_cast<int64_t>(num_sms()) * ctas_per_sm(launch_, device_));
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (num_splits_ > 1) {
     const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;

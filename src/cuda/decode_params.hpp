@@ -64,6 +64,9 @@ struct DecodeParams {
   const float* v_head_scales = nullptr;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
+  /// Plan-time query: when set, the launcher writes the instantiation's resident CTAs per SM on the current device
+  /// (cudaOccupancyMaxActiveBlocksPerMultiprocessor at its shared memory) here and launches nothing.
+  int32_t* query_ctas_per_sm = nullptr;
 };
 
 }  // namespace flashkv::cuda

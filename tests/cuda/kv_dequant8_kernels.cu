@@ -40,7 +40,47 @@ bool any_format(const kv::KVHalfFormat& f, const uint8_t* codes, const uint8_t* 
          launch<KVCode::e5m2, KVScaling::token_f32, D>(f, codes, meta, rows, hs, out);
 }
 
+/// All 256 code bytes (word i = bytes 4i..4i+3) through Code16<C, T>: out[b] = the value of byte b's 16-bit image
+/// (4-bit codes: out[b] = low nibble image, out[256 + b] = high nibble image).
+template <KVCode C, class T>
+__global__ void code16_all(float* out) {
+  const int i = threadIdx.x;  // 64 threads, one word each
+  const uint32_t w = static_cast<uint32_t>(4 * i) | (static_cast<uint32_t>(4 * i + 1) << 8) |
+                     (static_cast<uint32_t>(4 * i + 2) << 16) | (static_cast<uint32_t>(4 * i + 3) << 24);
+  uint32_t r[4];
+  if constexpr (C == KVCode::u4) {
+    uint32_t lo[2], hi[2];
+    cuda::sm80::Code16<C, T>::convert8(w, lo, hi);
+    r[0] = lo[0], r[1] = lo[1], r[2] = hi[0], r[3] = hi[1];
+  } else {
+    cuda::sm80::Code16<C, T>::convert4(w, r[0], r[1]);
+    r[2] = r[3] = 0;
+  }
+  for (int k = 0; k < (C == KVCode::u4 ? 4 : 2); ++k) {
+    const float2 v = cuda::attn::unpack2<T>(r[k]);
+    const int base = (k >= 2 ? 256 : 0) + 4 * i + 2 * (k & 1);
+    out[base] = v.x, out[base + 1] = v.y;
+  }
+}
+
+template <KVCode C, class T>
+bool code16_launch(float* out, float* mul, float* off) {
+  code16_all<C, T><<<1, 64>>>(out);
+  *mul = cuda::sm80::Code16<C, T>::kMul, *off = cuda::sm80::Code16<C, T>::kOff;
+  return cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+}
+
 }  // namespace
+
+bool code16_on_device(kv::KVCode code, bool bf16, float* out, float* mul, float* off) {
+  switch (code) {
+    case KVCode::e4m3: return bf16 ? code16_launch<KVCode::e4m3, __nv_bfloat16>(out, mul, off) : code16_launch<KVCode::e4m3, __half>(out, mul, off);
+    case KVCode::e5m2: return bf16 ? code16_launch<KVCode::e5m2, __nv_bfloat16>(out, mul, off) : code16_launch<KVCode::e5m2, __half>(out, mul, off);
+    case KVCode::u8: return bf16 ? code16_launch<KVCode::u8, __nv_bfloat16>(out, mul, off) : code16_launch<KVCode::u8, __half>(out, mul, off);
+    case KVCode::u4: return bf16 ? code16_launch<KVCode::u4, __nv_bfloat16>(out, mul, off) : code16_launch<KVCode::u4, __half>(out, mul, off);
+    default: return false;
+  }
+}
 
 bool dequant8_on_device(const kv::KVHalfFormat& f, const uint8_t* codes, const uint8_t* meta, int rows,
                         float head_scale, float* out) {

@@ -1,6 +1,6 @@
-// Device side of the quantized decode's conversion test (test_decode_quant_cuda.cpp): runs the decode's 8-code
-// register conversion (sm80/decode_kv_source.cuh: dequant8<KVCode, KVScaling, head_dim>) over staged rows in device
-// memory. Plain C++17 interface.
+// Device side of the quantized decode's conversion tests (test_decode_quant_cuda.cpp): runs the 8-code register
+// conversion (sm80/decode_kv_source.cuh: dequant8<KVCode, KVScaling, head_dim>) over staged rows in device memory, and
+// the decode's exact 16-bit code images (sm80/decode_code16.cuh: Code16) over all code bytes. Plain C++17 interface.
 #pragma once
 
 #include <cstdint>
@@ -15,5 +15,10 @@ namespace flashkv::cudatest {
 /// head_static / token_f32; head_dim 64 / 128).
 bool dequant8_on_device(const kv::KVHalfFormat& f, const uint8_t* codes, const uint8_t* meta, int rows,
                         float head_scale, float* out);
+
+/// The decode's exact 16-bit code images (sm80/decode_code16.cuh, Code16<code, bf16 ? bfloat16 : float16>) of all 256
+/// code bytes: out (device, 512 floats) [b] = the image of byte b (4-bit codes: of its low nibble; [256 + b]: of its
+/// high nibble); *mul / *off (host) = Code16's kMul / kOff (image = (code_value − off) · mul). False for other codes.
+bool code16_on_device(kv::KVCode code, bool bf16, float* out, float* mul, float* off);
 
 }  // namespace flashkv::cudatest

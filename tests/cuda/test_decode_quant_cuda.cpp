@@ -9,6 +9,8 @@
 //   * per format x head_dim 64 / 128 x GQA 1 / 4 x page_size 16 / 64 x a ragged batch (0, 1, 37, 200 tokens; partly
 //     filled pages whose unused slots hold the pool's 0xFF garbage — NaN metadata, maximal codes — which never reaches
 //     the output), varlen queries (chunked prefill) in part of the grid, plans reused across layers;
+//   * the decode's exact 16-bit code images (Code16: what the MMAs multiply once the scales are folded out) equal
+//     (code_value − kOff) · kMul for every code byte, bf16 and fp16; folded scales at extreme K / V magnitudes;
 //   * the decode's register conversion (dequant8: 8 codes per thread, int4 / int2 planes by shift and mask, fp8 by
 //     moving bits) equals KVHalfFormat::dequant on the host bit for bit, for every code byte and random metadata;
 //   * errors: CapacityError before anything is written, non-finite / out-of-range values named with their index and
@@ -52,8 +54,9 @@ struct QuantCase {
   DType dtype = DType::bfloat16;  ///< of q / out (and the device appends)
   std::vector<int64_t> lens = {0, 1, 37, 200};
   std::vector<int32_t> nq = {1, 1, 1, 1};  ///< queries per sequence
+  float magnitude = 1.f;                   ///< K and V values are magnitude · (N(0, 1) + channel offset)
   std::string name() const {
-    return fmt + " d" + std::to_string(head_dim) + " h" + std::to_string(heads) + "/" + std::to_string(heads_kv) +
+    return fmt + (magnitude != 1.f ? " x" + std::to_string(magnitude) : std::string()) + " d" + std::to_string(head_dim) + " h" + std::to_string(heads) + "/" + std::to_string(heads_kv) +
            " page" + std::to_string(page_size) + (std::any_of(nq.begin(), nq.end(), [](int32_t x) { return x > 1; }) ? " varlen" : "") +
            (dtype == DType::float16 ? " fp16" : "");
   }
@@ -86,12 +89,12 @@ std::vector<uint16_t> bf16_bits(const std::vector<float>& x) { return bits_of(x,
 float round_as(float x, DType t) { return from_bits(to_bits(x, t), t); }
 
 /// n tokens of K or V: N(0, 1) plus a per-channel offset (asymmetric groups), rounded to bf16.
-std::vector<float> kv_rows(std::mt19937_64& rng, int64_t n, int hk, int d, DType t = DType::bfloat16) {
+std::vector<float> kv_rows(std::mt19937_64& rng, int64_t n, int hk, int d, DType t = DType::bfloat16, float mag = 1.f) {
   std::normal_distribution<float> n01;
   std::vector<float> x(static_cast<size_t>(n) * hk * d);
   for (size_t i = 0; i < x.size(); ++i) {
     const int c = static_cast<int>(i % static_cast<size_t>(d));
-    x[i] = round_as(n01(rng) + 0.25f * static_cast<float>((c * 7) % 5 - 2), t);
+    x[i] = round_as(mag * (n01(rng) + 0.25f * static_cast<float>((c * 7) % 5 - 2)), t);
   }
   return x;
 }
@@ -149,7 +152,7 @@ void check_case(const QuantCase& c) {
   for (int32_t layer = 0; layer < 2; ++layer) {
     for (int b = 0; b < B; ++b) {
       const int64_t n = c.lens[static_cast<size_t>(b)];
-      std::vector<float> k = kv_rows(rng, n, hk, d, c.dtype), v = kv_rows(rng, n, hk, d, c.dtype);
+      std::vector<float> k = kv_rows(rng, n, hk, d, c.dtype, c.magnitude), v = kv_rows(rng, n, hk, d, c.dtype, c.magnitude);
       const int64_t chunk = std::max<int64_t>(0, n - 2);  // a prefill chunk, then single-token decode appends
       append_both(host, dev, ids[b], layer, k, v, 0, chunk, hk, d, c.dtype);
       for (int64_t t = chunk; t < n; ++t) append_both(host, dev, ids[b], layer, k, v, t, t + 1, hk, d, c.dtype);
@@ -302,6 +305,51 @@ TEST(CudaQuantKVCache, RegisterConversionEqualsTheTraitsDequant) {
       EXPECT_EQ(bad, 0);
     }
   }
+}
+
+TEST(CudaQuantKVCache, Code16EqualsTheCodeValues) {
+  // the decode's MMAs see (code_value − kOff) · kMul exactly, for every valid code of every kind, both query dtypes
+  struct C {
+    kv::KVCode code;
+    kv::KVFormatId id;
+  };
+  const C codes[] = {{kv::KVCode::e4m3, kv::KVFormatId::fp8_e4m3}, {kv::KVCode::e5m2, kv::KVFormatId::fp8_e5m2},
+                     {kv::KVCode::u8, kv::KVFormatId::int8}, {kv::KVCode::u4, kv::KVFormatId::int4}};
+  for (const C& c : codes)
+    for (bool bf16 : {true, false}) {
+      SCOPED_TRACE(std::string("code ") + std::to_string(static_cast<int>(c.code)) + (bf16 ? " bf16" : " fp16"));
+      const kv::KVHalfFormat f = kv::describe(c.id, false, 0, true, 128);
+      DevBuf dout(512 * 4);
+      float mul = 0, off = 0;
+      ASSERT_TRUE(code16_on_device(c.code, bf16, static_cast<float*>(dout.p), &mul, &off));
+      const std::vector<float> got = dout.download<float>(512);
+      int bad = 0;
+      for (int b = 0; b < 256; ++b)
+        for (int plane = 0; plane < (c.code == kv::KVCode::u4 ? 2 : 1); ++plane) {
+          const uint32_t raw = c.code == kv::KVCode::u4 ? (plane ? b >> 4 : b & 15) : static_cast<uint32_t>(b);
+          const float cv = f.code_value(raw);
+          const float g = got[static_cast<size_t>(256 * plane + b)];
+          if (!std::isfinite(cv)) {  // fp8 NaN / inf codes never occur in appended pages: any finite image
+            EXPECT_TRUE(std::isfinite(g)) << "byte " << b;
+            continue;
+          }
+          const double want = (static_cast<double>(cv) - off) * mul;
+          if (static_cast<double>(g) != want && bad++ < 5) ADD_FAILURE() << "byte " << b << " plane " << plane << ": " << g << " vs " << want;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+TEST(CudaQuantKVCache, FoldedScalesAtExtremeMagnitudes) {
+  // scales folded into the scores and into P: tiny and large K / V (per-token fp8 scales, int8 / int4 groups), bf16
+  // and fp16 queries (fp16: P · scale kept in range by the per-block power of two)
+  for (const char* fmt : {"fp8_e4m3_dynamic", "int8", "int4_g32", "fp8_e4m3"})
+    for (float mag : {1e-3f, 300.f})
+      for (DType t : {DType::bfloat16, DType::float16}) {
+        QuantCase c;
+        c.fmt = fmt, c.magnitude = mag, c.dtype = t, c.heads = 8, c.heads_kv = 2, c.page_size = 64;
+        check_case(c);
+      }
 }
 
 TEST(CudaQuantKVCache, DeviceCodesEqualTheCpuCodecAndDecodeMatchesTheReference) {

@@ -4,16 +4,19 @@
 //
 //   Kv16Source     16-bit pages of the query dtype (bf16 / fp16 caches, flash-attn tensors): cp.async straight into
 //                  the stage's tiles (no conversion).
-//   KvQuantSource  packed pages of any token-granular format (fp8 static / per-token scale, int8 / int4 / int2 with
+//   KvQuantSource  packed pages of any token-granular format (fp8 static / per-token scale, int8 / int4 with
 //                  [scale, min] per token and channel group — KVCode x KVScaling fixed at compile time, group size and
 //                  metadata bytes at run time): the stage holds the block's raw codes and metadata (cp.async, so the
-//                  HBM stream stays pipelined 3 deep); before the MMAs every thread converts 8 codes at a time in
-//                  registers (8 bytes -> 8 codes with shifts and masks; int -> float; fp8 -> fp16 by moving the bits,
-//                  equal to fp8_bits_to_float for all 256 codes of both kinds, verified offline)
-//                  and applies the token's scale / min (x̂ = min + scale·code with the trait's rounding order, fp8
-//                  x̂ = fp8·scale), giving exactly KVHalfFormat::dequant's float, rounded once to the query dtype into
-//                  the block's conversion tiles. KIVI keys (channel_affine, G tokens per unit) are not token-granular
-//                  and are not instantiated (the host names them in an UnsupportedError).
+//                  HBM stream stays pipelined 3 deep). The scales are FOLDED out of the per-element path: each warp
+//                  turns only its own 16 keys' codes into exact 16-bit images (Code16, sm80/decode_code16.cuh: a few
+//                  PRMT / LOP3 / paired-half operations per two codes; v16 = (code − kOff) · kMul) in one 16-bit tile —
+//                  K first, then V into the same rows once its K fragments are loaded (__syncwarp, no CTA barrier) —
+//                  and the mainloop applies the per-key factors in float32: K's scale on the score after the QK MMA
+//                  (affine K: one accumulator per channel group plus min' · Σ q over the group), V's scale folded
+//                  into P before the P·V MMA (affine V: + Σ_j P_ij · min'_jg in float32; static V scale on the final
+//                  output). KIVI keys (channel_affine, G tokens per unit) are not token-granular and are not
+//                  instantiated (the host names them in an UnsupportedError). dequant8 below is the element-wise x̂
+//                  of the same formats (KVHalfFormat::dequant bit for bit; tested), kept as the conversion reference.
 // Both: key slots past the sequence's length are never read (Kv16: zero-filled by cp.async; quant: written as 0 by the
 // conversion, whatever the page holds there).
 #pragma once
@@ -26,6 +29,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
+#include "cuda/sm80/decode_code16.cuh"
 #include "kvcache/format/traits.hpp"
 
 namespace flashkv::cuda::sm80 {
@@ -38,6 +42,7 @@ struct Kv16Source {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
   static constexpr int kStageBytes = 2 * TileKV::kBytes;
   static constexpr int kConvBytes = 0;
+  static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   const T* kc;
   const T* vc;
   int head_dim;
@@ -119,13 +124,22 @@ __device__ __forceinline__ void dequant8(const kv::KVHalfFormat& f, const uint8_
 template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
 struct KvQuantSource {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
+  using CodeK = Code16<KC, T>;
+  using CodeV = Code16<VC, T>;
   static constexpr int kCodeBytesK = kHeadDim * kv::code_bits(KC) / 8, kCodeBytesV = kHeadDim * kv::code_bits(VC) / 8;
   static constexpr int kCodeBlockK = round16(kDecodeBlockN * kCodeBytesK), kCodeBlockV = round16(kDecodeBlockN * kCodeBytesV);
   static constexpr int kHalfBytesK = kCodeBlockK + round16(kDecodeBlockN * quant_meta_max(KS, kHeadDim));
   static constexpr int kHalfBytesV = kCodeBlockV + round16(kDecodeBlockN * quant_meta_max(VS, kHeadDim));
   static constexpr int kStageBytes = kHalfBytesK + kHalfBytesV;
-  static constexpr int kConvBytes = 2 * TileKV::kBytes;
+  static constexpr int kConvBytes = TileKV::kBytes;  ///< one 16-bit tile: K images, then V images
   static_assert(kCodeBytesK % 16 == 0 && kCodeBytesV % 16 == 0, "code rows are whole 16-byte chunks");
+  static_assert(KS == kv::KVScaling::head_static || KS == kv::KVScaling::token_f32 || KS == kv::KVScaling::token_affine,
+                "token-granular scalings only");
+  static_assert(VS == kv::KVScaling::head_static || VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine,
+                "token-granular scalings only");
+  /// The mainloop folds this source's scales: tiles() holds Code16 images of the codes, k_* / v_* give the factors.
+  static constexpr bool kFolded = true;
+  static constexpr kv::KVScaling kScalingK = KS, kScalingV = VS;
 
   const uint8_t* codes[2];
   const uint8_t* meta[2];
@@ -147,26 +161,58 @@ struct KvQuantSource {
     meta_page_stride[0] = p.k_meta_page, meta_page_stride[1] = p.v_meta_page;
   }
 
+  /// Byte offset of (page, slot) in half `half` (page, slot >= 0: 32 x 64-bit widening products).
+  __device__ __forceinline__ int64_t row_offset(int half, int64_t page, int slot) const {
+    return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint64_t>(page_stride[half]) +
+                                static_cast<uint64_t>(static_cast<uint32_t>(slot)) * static_cast<uint64_t>(slot_stride[half]));
+  }
+  /// Issues the cp.async copies of keys [j0, j0 + kBlockN) — codes of both halves, then their metadata — into the
+  /// stage at `dst`; slots past seqlen_k are not read (the conversion writes 0 for them, their factors are 0).
   template <class Locate>
   __device__ __forceinline__ void load(const DecodeParams&, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
+    constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
+    const int tid = threadIdx.x;
+    auto copy_row = [&](int half, uint32_t hdst, int cb, int r, int ch) {
+      int64_t page;
+      int slot;
+      locate(j0 + r, page, slot);
+      attn::cp_async_16(hdst + r * cb + ch * 16, codes[half] + row_offset(half, page, slot) + ch * 16);
+    };
+    if constexpr (kChunksK == kChunksV && kDecodeThreads % kChunksK == 0) {
+      // every thread keeps one 16-byte chunk column and rows tid / chunks + k · step: one page lookup per row, K and V
+      constexpr int kStep = kDecodeThreads / kChunksK;
+      const int ch = tid % kChunksK, rt = tid / kChunksK;
+#pragma unroll
+      for (int k = 0; k < (kDecodeBlockN + kStep - 1) / kStep; ++k) {
+        const int r = rt + k * kStep, j = j0 + r;
+        if ((kDecodeBlockN % kStep == 0 || r < kDecodeBlockN) && j < seqlen_k) {
+          int64_t page;
+          int slot;
+          locate(j, page, slot);
+          attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16);
+          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t hdst = dst + (half == 0 ? 0 : kHalfBytesK);
+        const int cb = half == 0 ? kCodeBytesK : kCodeBytesV, chunks = cb / 16;
+        for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) {
+          const int r = i / chunks;
+          if (j0 + r < seqlen_k) copy_row(half, hdst, cb, r, i % chunks);
+        }
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint32_t hdst = dst + (half == 0 ? 0 : kHalfBytesK);
-      const int cb = half == 0 ? kCodeBytesK : kCodeBytesV, chunks = cb / 16;
-      for (int i = threadIdx.x; i < kDecodeBlockN * chunks; i += kDecodeThreads) {
-        const int r = i / chunks, ch = i % chunks, j = j0 + r;
-        if (j >= seqlen_k) continue;  // never read: the conversion writes 0 for it
-        int64_t page;
-        int slot;
-        locate(j, page, slot);
-        attn::cp_async_16(hdst + r * cb + ch * 16, codes[half] + page * page_stride[half] + slot * slot_stride[half] + ch * 16);
-      }
       const kv::KVScaling sc = half == 0 ? KS : VS;
       if (sc == kv::KVScaling::token_f32 || sc == kv::KVScaling::token_affine) {
         const int mb = fmt[half].meta_bytes_per_unit, words = mb / 4;
-        const uint32_t mdst = hdst + (half == 0 ? kCodeBlockK : kCodeBlockV);
-        for (int i = threadIdx.x; i < kDecodeBlockN * words; i += kDecodeThreads) {
+        const uint32_t mdst = dst + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV);
+        // K's words from thread 0, V's from thread 64 (one word per token each: one copy per thread)
+        for (int i = (tid + half * (kDecodeThreads / 2)) % kDecodeThreads; i < kDecodeBlockN * words; i += kDecodeThreads) {
           const int r = i / words, w = i % words, j = j0 + r;
           if (j >= seqlen_k) continue;
           int64_t page;
@@ -178,36 +224,111 @@ struct KvQuantSource {
     }
   }
 
-  /// Converts the landed stage into the conversion tiles at `conv` (all threads; ends with __syncthreads).
-  __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+  /// Generic pointer to a shared-memory address of the stage ring.
+  __device__ __forceinline__ static const uint8_t* ptr(uint32_t addr) {
     extern __shared__ __align__(128) char smem[];
-    const uint8_t* sbase = reinterpret_cast<const uint8_t*>(smem) + (stage - attn::smem_addr(smem));
+    return reinterpret_cast<const uint8_t*>(smem) + (addr - attn::smem_addr(smem));
+  }
+
+  /// Rows [r0, r0 + 16) of one staged code block -> Code16 images in the 16-bit tile at `dst` (one warp; rows at or
+  /// past `valid` rows from r0 are written as 0, whatever the stage holds there). A unit is 8 code bytes (8 codes, or
+  /// 16 planar 4-bit codes: low nibbles to chunk c, high nibbles to chunk head_dim / 16 + c); lane l converts units
+  /// l, l + 32, ...: rows advance by a constant, so the swizzled destinations are a per-lane table of kPeriod entries.
+  template <kv::KVCode C>
+  __device__ __forceinline__ static void convert_rows(const uint8_t* sc, uint32_t dst, int r0, int valid, int lane) {
+    using Code = Code16<C, T>;
+    constexpr int kBits = kv::code_bits(C);
+    static_assert(kBits == 8 || kBits == 4, "8- and 4-bit codes");
+    constexpr int kCb = kHeadDim * kBits / 8;
+    constexpr int kUnitsPerRow = kCb / 8;
+    constexpr int kIters = 16 * kUnitsPerRow / 32;
+    static_assert((16 * kUnitsPerRow) % 32 == 0, "whole units per lane");
+    // the code that converts to 0: fp8 0, u8 128, u4 8 (slots past the end)
+    constexpr uint32_t kZero = C == kv::KVCode::u8 ? 0x80808080u : (C == kv::KVCode::u4 ? 0x88888888u : 0u);
+    auto unit = [&](uint32_t w0, uint32_t w1, uint32_t d_lo, uint32_t d_hi) {
+      if constexpr (kBits == 8) {
+        uint32_t x[4];
+        Code::convert4(w0, x[0], x[1]);
+        Code::convert4(w1, x[2], x[3]);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d_lo), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]));
+      } else {
+        uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
+        Code::convert8(w0, lo0, hi0);
+        Code::convert8(w1, lo1, hi1);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d_lo), "r"(lo0[0]), "r"(lo0[1]), "r"(lo1[0]), "r"(lo1[1]));
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d_hi), "r"(hi0[0]), "r"(hi0[1]), "r"(hi1[0]), "r"(hi1[1]));
+      }
+    };
+    if constexpr (32 % kUnitsPerRow == 0) {
+      constexpr int kRowStep = 32 / kUnitsPerRow;                      // rows between a lane's units
+      constexpr int kPeriod = kRowStep >= 8 ? 1 : 8 / kRowStep;        // of (row & 7), i.e. of the swizzle
+      const int c = lane % kUnitsPerRow, rb = r0 + lane / kUnitsPerRow;
+      const uint8_t* src = sc + rb * kCb + 8 * c;
+      uint32_t off_lo[kPeriod], off_hi[kPeriod];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* sc = sbase + (half == 0 ? 0 : kHalfBytesK);
-      const uint8_t* sm = sc + (half == 0 ? kCodeBlockK : kCodeBlockV);
-      const uint32_t dst = conv + (half == 0 ? 0 : TileKV::kBytes);
-      constexpr int kUnits = kDecodeBlockN * (kHeadDim / 8);
-#pragma unroll 2
-      for (int i = threadIdx.x; i < kUnits; i += kDecodeThreads) {
-        const int r = i / (kHeadDim / 8), c0 = (i % (kHeadDim / 8)) * 8;
-        float x[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (j0 + r < seqlen_k) {
-          if (half == 0) {
-            dequant8<KC, KS, kHeadDim>(fmt[0], sc, sm, r, c0, head_scale[0], x);
-          } else {
-            dequant8<VC, VS, kHeadDim>(fmt[1], sc, sm, r, c0, head_scale[1], x);
-          }
-        }
-        const uint32_t a = attn::pack2<T>(x[0], x[1]), b = attn::pack2<T>(x[2], x[3]);
-        const uint32_t c = attn::pack2<T>(x[4], x[5]), d = attn::pack2<T>(x[6], x[7]);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + TileKV::offset(r, c0 / 8)), "r"(a),
-                     "r"(b), "r"(c), "r"(d));
+      for (int i = 0; i < kPeriod; ++i) {
+        off_lo[i] = dst + TileKV::offset(rb + i * kRowStep, c) - i * kRowStep * TileKV::kRowBytes;
+        off_hi[i] = dst + TileKV::offset(rb + i * kRowStep, kHeadDim / 16 + c) - i * kRowStep * TileKV::kRowBytes;
+      }
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const uint2 w = *reinterpret_cast<const uint2*>(src + it * kRowStep * kCb);
+        const bool ok = rb - r0 + it * kRowStep < valid;
+        const uint32_t step = it * kRowStep * TileKV::kRowBytes;
+        unit(ok ? w.x : kZero, ok ? w.y : kZero, off_lo[it % kPeriod] + step, off_hi[it % kPeriod] + step);
+      }
+    } else {  // head dims whose row is not a power-of-two number of units (96, 192)
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int u = lane + 32 * it, rr = u / kUnitsPerRow, c = u % kUnitsPerRow, r = r0 + rr;
+        const uint2 w = *reinterpret_cast<const uint2*>(sc + r * kCb + 8 * c);
+        const bool ok = rr < valid;
+        unit(ok ? w.x : kZero, ok ? w.y : kZero, dst + TileKV::offset(r, c), dst + TileKV::offset(r, kHeadDim / 16 + c));
       }
     }
-    __syncthreads();
+  }
+
+  /// This warp's 16 keys of the landed stage, K rows 16·warp .. -> Code16 images in the conversion tile at `conv`
+  /// (no CTA barrier: each warp converts exactly the rows its own ldmatrix reads). Returns `conv`.
+  __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    __syncwarp();  // this warp's reads of the previous block's V images are done
+    convert_rows<KC>(ptr(stage), conv, r0, seqlen_k - (j0 + r0), lane);
+    __syncwarp();
     return conv;
   }
+  /// The same for V, into the same rows of the same tile once the warp's K fragments are loaded (one tile: the
+  /// ring's shared memory plus one 16-bit tile fits 3 CTAs per SM at head_dim 128).
+  __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    __syncwarp();  // this warp's K ldmatrix reads are done
+    convert_rows<VC>(ptr(stage) + kHalfBytesK, conv, r0, seqlen_k - (j0 + r0), lane);
+    __syncwarp();
+  }
+
+  // ---- factors (float32; x̂ = scale · (v16 / kMul + kOff) + min) ------------------------------------------------
+  /// K, head_static: the per-head score factor.
+  __device__ __forceinline__ float k_head_factor() const { return head_scale[0] * (1.0f / CodeK::kMul); }
+  /// V, head_static: the per-head output factor.
+  __device__ __forceinline__ float v_head_factor() const { return head_scale[1] * (1.0f / CodeV::kMul); }
+  /// token_f32: the factors of block rows r, r + 1 (r even) of half `half`.
+  template <int half>
+  __device__ __forceinline__ float2 token_factors(uint32_t stage, int r) const {
+    constexpr float kInv = 1.0f / (half == 0 ? CodeK::kMul : CodeV::kMul);
+    const float2 f = *reinterpret_cast<const float2*>(ptr(stage) + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV) + r * 4);
+    return make_float2(f.x * kInv, f.y * kInv);
+  }
+  /// token_affine: (scale', min') of block row r, channel group gi of half `half`: x̂ = scale' · v16 + min'.
+  template <int half>
+  __device__ __forceinline__ float2 affine_factors(uint32_t stage, int r, int gi) const {
+    using Code = std::conditional_t<half == 0, CodeK, CodeV>;
+    const uint8_t* m = ptr(stage) + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV) +
+                       r * fmt[half].meta_bytes_per_unit + 4 * gi;
+    const uint32_t sm = *reinterpret_cast<const uint32_t*>(m);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm));  // (scale, min)
+    return make_float2(f.x * (1.0f / Code::kMul), fmaf(f.x, Code::kOff, f.y));
+  }
+  __device__ __forceinline__ int group(int half) const { return fmt[half].group; }
 };
 
 }  // namespace flashkv::cuda::sm80

@@ -17,6 +17,13 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   auto kernel = sm80::decode_kernel<Cfg, T>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
              "cudaFuncSetAttribute(decode)");
+  if (p.query_ctas_per_sm != nullptr) {  // plan time: occupancy of this instantiation, no launch
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor(decode)");
+    *p.query_ctas_per_sm = n;
+    return;
+  }
   const int row_tiles = (p.rows_per_kv_head + 15) / 16;
   const dim3 grid(p.num_splits, p.num_heads_kv * row_tiles, p.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
