@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
     }
     uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
     if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
-      src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
+      src.tiles_v(stage_addr, sKV + Cfg::kConvOffset);
       soff_v = soff - TileKV::kBytes;
     }
     // token-scaled values: the factor of each of this thread's keys (0 past the sequence's end: never NaN · 0)
@@ -359,11 +359,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
       row_max[hh] = mx;
       row_sum[hh] *= corr;
       const float ocorr = kVNormalize ? corr * vratio : corr;
+      // folded sources skip the rescale where it is the identity (the row max and vscale unchanged: corr is exactly 1)
+      if (!kFolded || corr != 1.f || (kVNormalize && vratio != 1.f)) {
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) o[dt][2 * hh] *= ocorr, o[dt][2 * hh + 1] *= ocorr;
-      if constexpr (kVAffine) {
+        for (int dt = 0; dt < kDT; ++dt) o[dt][2 * hh] *= ocorr, o[dt][2 * hh + 1] *= ocorr;
+        if constexpr (kVAffine) {
 #pragma unroll
-        for (int i = 0; i < kDT / 2; ++i) pmin[i][hh] *= corr;
+          for (int i = 0; i < kDT / 2; ++i) pmin[i][hh] *= corr;
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)

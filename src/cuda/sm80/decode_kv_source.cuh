@@ -17,8 +17,8 @@
 //                  output). KIVI keys (channel_affine, G tokens per unit) are not token-granular and are not
 //                  instantiated (the host names them in an UnsupportedError). dequant8 below is the element-wise x̂
 //                  of the same formats (KVHalfFormat::dequant bit for bit; tested), kept as the conversion reference.
-// Both: key slots past the sequence's length are never read (Kv16: zero-filled by cp.async; quant: written as 0 by the
-// conversion, whatever the page holds there).
+// Both: key slots past the sequence's length are never read (zero-filled by cp.async, whatever the page holds there;
+// quant: their images are finite and their weight exactly 0 — masked scores, V factors 0 past the end).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -167,42 +167,45 @@ struct KvQuantSource {
                                 static_cast<uint64_t>(static_cast<uint32_t>(slot)) * static_cast<uint64_t>(slot_stride[half]));
   }
   /// Issues the cp.async copies of keys [j0, j0 + kBlockN) — codes of both halves, then their metadata — into the
-  /// stage at `dst`; slots past seqlen_k are not read (the conversion writes 0 for them, their factors are 0).
+  /// stage at `dst`. Code slots past seqlen_k are zero-filled, never read (j0 < seqlen_k for every block the kernel
+  /// visits, so their page lookup is clamped to the last key): their images are finite constants whose weight is
+  /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is not copied.
   template <class Locate>
   __device__ __forceinline__ void load(const DecodeParams&, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
     constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
     const int tid = threadIdx.x;
     auto copy_row = [&](int half, uint32_t hdst, int cb, int r, int ch) {
+      const int j = j0 + r;
+      const bool ok = j < seqlen_k;
       int64_t page;
       int slot;
-      locate(j0 + r, page, slot);
-      attn::cp_async_16(hdst + r * cb + ch * 16, codes[half] + row_offset(half, page, slot) + ch * 16);
+      locate(ok ? j : seqlen_k - 1, page, slot);
+      attn::cp_async_16(hdst + r * cb + ch * 16, codes[half] + row_offset(half, page, slot) + ch * 16, ok);
     };
     if constexpr (kChunksK == kChunksV && kDecodeThreads % kChunksK == 0) {
       // every thread keeps one 16-byte chunk column and rows tid / chunks + k · step: one page lookup per row, K and V
       constexpr int kStep = kDecodeThreads / kChunksK;
       const int ch = tid % kChunksK, rt = tid / kChunksK;
+      static_assert(kDecodeBlockN % kStep == 0, "whole rows per pass");
 #pragma unroll
-      for (int k = 0; k < (kDecodeBlockN + kStep - 1) / kStep; ++k) {
+      for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
+        // branch-free: a slot past the end is zero-filled and not read (its page looked up at the last key: j0 <
+        // seqlen_k for every block the kernel visits, so the lookup stays inside the sequence's pages)
         const int r = rt + k * kStep, j = j0 + r;
-        if ((kDecodeBlockN % kStep == 0 || r < kDecodeBlockN) && j < seqlen_k) {
-          int64_t page;
-          int slot;
-          locate(j, page, slot);
-          attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16);
-          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16);
-        }
+        const bool ok = j < seqlen_k;
+        int64_t page;
+        int slot;
+        locate(ok ? j : seqlen_k - 1, page, slot);
+        attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
+        attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
       }
     } else {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const uint32_t hdst = dst + (half == 0 ? 0 : kHalfBytesK);
         const int cb = half == 0 ? kCodeBytesK : kCodeBytesV, chunks = cb / 16;
-        for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) {
-          const int r = i / chunks;
-          if (j0 + r < seqlen_k) copy_row(half, hdst, cb, r, i % chunks);
-        }
+        for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) copy_row(half, hdst, cb, i / chunks, i % chunks);
       }
     }
 #pragma unroll
@@ -230,12 +233,11 @@ struct KvQuantSource {
     return reinterpret_cast<const uint8_t*>(smem) + (addr - attn::smem_addr(smem));
   }
 
-  /// Rows [r0, r0 + 16) of one staged code block -> Code16 images in the 16-bit tile at `dst` (one warp; rows at or
-  /// past `valid` rows from r0 are written as 0, whatever the stage holds there). A unit is 8 code bytes (8 codes, or
+  /// Rows [r0, r0 + 16) of one staged code block -> Code16 images in the 16-bit tile at `dst` (one warp). A unit is 8 code bytes (8 codes, or
   /// 16 planar 4-bit codes: low nibbles to chunk c, high nibbles to chunk head_dim / 16 + c); lane l converts units
   /// l, l + 32, ...: rows advance by a constant, so the swizzled destinations are a per-lane table of kPeriod entries.
   template <kv::KVCode C>
-  __device__ __forceinline__ static void convert_rows(const uint8_t* sc, uint32_t dst, int r0, int valid, int lane) {
+  __device__ __forceinline__ static void convert_rows(const uint8_t* sc, uint32_t dst, int r0, int lane) {
     using Code = Code16<C, T>;
     constexpr int kBits = kv::code_bits(C);
     static_assert(kBits == 8 || kBits == 4, "8- and 4-bit codes");
@@ -243,8 +245,6 @@ struct KvQuantSource {
     constexpr int kUnitsPerRow = kCb / 8;
     constexpr int kIters = 16 * kUnitsPerRow / 32;
     static_assert((16 * kUnitsPerRow) % 32 == 0, "whole units per lane");
-    // the code that converts to 0: fp8 0, u8 128, u4 8 (slots past the end)
-    constexpr uint32_t kZero = C == kv::KVCode::u8 ? 0x80808080u : (C == kv::KVCode::u4 ? 0x88888888u : 0u);
     auto unit = [&](uint32_t w0, uint32_t w1, uint32_t d_lo, uint32_t d_hi) {
       if constexpr (kBits == 8) {
         uint32_t x[4];
@@ -273,36 +273,34 @@ struct KvQuantSource {
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const uint2 w = *reinterpret_cast<const uint2*>(src + it * kRowStep * kCb);
-        const bool ok = rb - r0 + it * kRowStep < valid;
         const uint32_t step = it * kRowStep * TileKV::kRowBytes;
-        unit(ok ? w.x : kZero, ok ? w.y : kZero, off_lo[it % kPeriod] + step, off_hi[it % kPeriod] + step);
+        unit(w.x, w.y, off_lo[it % kPeriod] + step, off_hi[it % kPeriod] + step);
       }
     } else {  // head dims whose row is not a power-of-two number of units (96, 192)
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
-        const int u = lane + 32 * it, rr = u / kUnitsPerRow, c = u % kUnitsPerRow, r = r0 + rr;
+        const int u = lane + 32 * it, c = u % kUnitsPerRow, r = r0 + u / kUnitsPerRow;
         const uint2 w = *reinterpret_cast<const uint2*>(sc + r * kCb + 8 * c);
-        const bool ok = rr < valid;
-        unit(ok ? w.x : kZero, ok ? w.y : kZero, dst + TileKV::offset(r, c), dst + TileKV::offset(r, kHeadDim / 16 + c));
+        unit(w.x, w.y, dst + TileKV::offset(r, c), dst + TileKV::offset(r, kHeadDim / 16 + c));
       }
     }
   }
 
   /// This warp's 16 keys of the landed stage, K rows 16·warp .. -> Code16 images in the conversion tile at `conv`
   /// (no CTA barrier: each warp converts exactly the rows its own ldmatrix reads). Returns `conv`.
-  __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+  __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int, int) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's reads of the previous block's V images are done
-    convert_rows<KC>(ptr(stage), conv, r0, seqlen_k - (j0 + r0), lane);
+    convert_rows<KC>(ptr(stage), conv, r0, lane);
     __syncwarp();
     return conv;
   }
   /// The same for V, into the same rows of the same tile once the warp's K fragments are loaded (one tile: the
   /// ring's shared memory plus one 16-bit tile fits 3 CTAs per SM at head_dim 128).
-  __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+  __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's K ldmatrix reads are done
-    convert_rows<VC>(ptr(stage) + kHalfBytesK, conv, r0, seqlen_k - (j0 + r0), lane);
+    convert_rows<VC>(ptr(stage) + kHalfBytesK, conv, r0, lane);
     __syncwarp();
   }
 
