@@ -120,7 +120,7 @@ __host__ __device__ constexpr kv::KVScaling scaling_v() {
 }
 
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParams p) {
+__device__ __forceinline__ void decode_body(const DecodeParams& p) {
   using Src = typename Cfg::Src;
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStages = Cfg::kStages, kDT = kHeadDim / 8;
@@ -542,6 +542,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
       if (c == 0) p.lse_accum[row] = lse;
     }
   }
+}
+
+/// The split-KV kernel: 16-bit sources without a register cap (as it always was), capped sources
+/// (Src::kMinCtasPerSm > 1) with __launch_bounds__' minimum residency.
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParams p) {
+  decode_body<Cfg, T>(p);
+}
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::Src::kMinCtasPerSm) decode_kernel_capped(const DecodeParams p) {
+  decode_body<Cfg, T>(p);
 }
 
 /// Merges the num_splits partial outputs (core/merge.hpp: the (m = lse_s, l = 1, acc = o_s) instance): one warp per

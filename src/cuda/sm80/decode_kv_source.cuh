@@ -43,6 +43,7 @@ struct Kv16Source {
   static constexpr int kStageBytes = 2 * TileKV::kBytes;
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
+  static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
   const T* kc;
   const T* vc;
   int head_dim;
@@ -140,6 +141,10 @@ struct KvQuantSource {
   /// The mainloop folds this source's scales: tiles() holds Code16 images of the codes, k_* / v_* give the factors.
   static constexpr bool kFolded = true;
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = VS;
+  /// fp8 sources fit 3 CTAs per SM in shared memory at head_dim <= 128 (ring + one 16-bit tile): registers capped to
+  /// match (168); affine ones carry per-group state (~230 registers) and stay at 2.
+  static constexpr int kMinCtasPerSm =
+      (kHeadDim <= 128 && KS != kv::KVScaling::token_affine && VS != kv::KVScaling::token_affine) ? 3 : 1;
 
   const uint8_t* codes[2];
   const uint8_t* meta[2];
@@ -208,21 +213,33 @@ struct KvQuantSource {
         for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) copy_row(half, hdst, cb, i / chunks, i % chunks);
       }
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const kv::KVScaling sc = half == 0 ? KS : VS;
-      if (sc == kv::KVScaling::token_f32 || sc == kv::KVScaling::token_affine) {
-        const int mb = fmt[half].meta_bytes_per_unit, words = mb / 4;
-        const uint32_t mdst = dst + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV);
-        // K's words from thread 0, V's from thread 64 (one word per token each: one copy per thread)
-        for (int i = (tid + half * (kDecodeThreads / 2)) % kDecodeThreads; i < kDecodeBlockN * words; i += kDecodeThreads) {
-          const int r = i / words, w = i % words, j = j0 + r;
-          if (j >= seqlen_k) continue;
-          int64_t page;
-          int slot;
-          locate(j, page, slot);
-          attn::cp_async_4(mdst + r * mb + 4 * w, meta[half] + page * meta_page_stride[half] + fmt[half].meta_offset(slot) + 4 * w);
-        }
+    copy_meta<0>(dst + kCodeBlockK, j0, seqlen_k, locate);
+    copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
+  }
+  /// The metadata of keys [j0, j0 + kBlockN) of half `half` into `mdst` (rows of meta_bytes_per_unit; K's words from
+  /// thread 0, V's from thread 64: one word per token each is one copy per thread).
+  template <int half, class Locate>
+  __device__ __forceinline__ void copy_meta(uint32_t mdst, int j0, int seqlen_k, Locate&& locate) const {
+    constexpr kv::KVScaling kS = half == 0 ? KS : VS;
+    const int tid = threadIdx.x;
+    if constexpr (kS == kv::KVScaling::token_f32) {
+      const int r = (tid + half * (kDecodeThreads / 2)) % kDecodeThreads, j = j0 + r;
+      if (r < kDecodeBlockN && j < seqlen_k) {
+        int64_t page;
+        int slot;
+        locate(j, page, slot);
+        attn::cp_async_4(mdst + r * 4, meta[half] + page * meta_page_stride[half] + fmt[half].meta_offset(slot));
+      }
+    } else if constexpr (kS == kv::KVScaling::token_affine) {
+      const int mb = fmt[half].meta_bytes_per_unit, words = mb / 4;
+#pragma unroll 1
+      for (int i = (tid + half * (kDecodeThreads / 2)) % kDecodeThreads; i < kDecodeBlockN * words; i += kDecodeThreads) {
+        const int r = i / words, w = i % words, j = j0 + r;
+        if (j >= seqlen_k) continue;
+        int64_t page;
+        int slot;
+        locate(j, page, slot);
+        attn::cp_async_4(mdst + r * mb + 4 * w, meta[half] + page * meta_page_stride[half] + fmt[half].meta_offset(slot) + 4 * w);
       }
     }
   }
@@ -259,9 +276,9 @@ struct KvQuantSource {
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(d_hi), "r"(hi0[0]), "r"(hi0[1]), "r"(hi1[0]), "r"(hi1[1]));
       }
     };
-    if constexpr (32 % kUnitsPerRow == 0) {
-      constexpr int kRowStep = 32 / kUnitsPerRow;                      // rows between a lane's units
-      constexpr int kPeriod = kRowStep >= 8 ? 1 : 8 / kRowStep;        // of (row & 7), i.e. of the swizzle
+    constexpr int kRowStep = 32 % kUnitsPerRow == 0 ? 32 / kUnitsPerRow : 1;  // rows between a lane's units
+    constexpr int kPeriod = kRowStep >= 8 ? 1 : 8 / kRowStep;                  // of (row & 7), i.e. of the swizzle
+    if constexpr (32 % kUnitsPerRow == 0 && kPeriod <= 4) {  // (head_dim 256, 8-bit: 8 offsets; computed below)
       const int c = lane % kUnitsPerRow, rb = r0 + lane / kUnitsPerRow;
       const uint8_t* src = sc + rb * kCb + 8 * c;
       uint32_t off_lo[kPeriod], off_hi[kPeriod];
@@ -276,7 +293,7 @@ struct KvQuantSource {
         const uint32_t step = it * kRowStep * TileKV::kRowBytes;
         unit(w.x, w.y, off_lo[it % kPeriod] + step, off_hi[it % kPeriod] + step);
       }
-    } else {  // head dims whose row is not a power-of-two number of units (96, 192)
+    } else {  // head dims whose row is not a power-of-two number of units (96, 192), or 32 units (256, 8-bit)
 #pragma unroll
       for (int it = 0; it < kIters; ++it) {
         const int u = lane + 32 * it, c = u % kUnitsPerRow, r = r0 + u / kUnitsPerRow;

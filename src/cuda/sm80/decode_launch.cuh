@@ -14,7 +14,12 @@ namespace flashkv::cuda {
 template <int kHeadDim, class T, class Src>
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using Cfg = sm80::DecodeConfig<kHeadDim, Src>;
-  auto kernel = sm80::decode_kernel<Cfg, T>;
+  void (*kernel)(const DecodeParams);
+  if constexpr (Src::kMinCtasPerSm > 1) {
+    kernel = sm80::decode_kernel_capped<Cfg, T>;
+  } else {
+    kernel = sm80::decode_kernel<Cfg, T>;
+  }
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
              "cudaFuncSetAttribute(decode)");
   if (p.query_ctas_per_sm != nullptr) {  // plan time: occupancy of this instantiation, no launch
