@@ -193,11 +193,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   cp_async_wait<kStages - 1>();  // Q landed (the oldest group)
   __syncthreads();
   uint32_t qa[kHeadDim / 16][4];
-  {
-    const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
+  const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);  // the Q tile stays in shared memory for the whole CTA
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
-  }
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
   constexpr bool kFolded = Src::kFolded;
   constexpr bool kKHead = scaling_k<Src>() == kv::KVScaling::head_static;
   constexpr bool kKToken = scaling_k<Src>() == kv::KVScaling::token_f32;
@@ -247,6 +245,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
+    if constexpr (Src::kReloadQ) {  // affine sources: Q fragments reloaded per block (live in the QK phase only)
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
+    }
     const int rk = warp * 16 + 2 * t;  // block rows of this thread's keys: rk, rk + 1, rk + 8, rk + 9
     if constexpr (kKAffine) {
       // s_ij = Σ_g scale'_jg · (q_i · v16_j)_g + min'_jg · Σ_{d in g} q_id: one accumulator per channel group

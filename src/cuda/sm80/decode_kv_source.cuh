@@ -44,6 +44,7 @@ struct Kv16Source {
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
+  static constexpr bool kReloadQ = false;    ///< Q fragments held in registers for the whole CTA
   const T* kc;
   const T* vc;
   int head_dim;
@@ -143,8 +144,9 @@ struct KvQuantSource {
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = VS;
   /// fp8 sources fit 3 CTAs per SM in shared memory at head_dim <= 128 (ring + one 16-bit tile): registers capped to
   /// match (168); affine ones carry per-group state (~230 registers) and stay at 2.
-  static constexpr int kMinCtasPerSm =
-      (kHeadDim <= 128 && KS != kv::KVScaling::token_affine && VS != kv::KVScaling::token_affine) ? 3 : 1;
+  static constexpr bool kAffine = KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine;
+  static constexpr bool kReloadQ = kAffine;  ///< Q fragments reloaded from shared memory per block (registers)
+  static constexpr int kMinCtasPerSm = kHeadDim <= 128 ? 3 : 1;
 
   const uint8_t* codes[2];
   const uint8_t* meta[2];
