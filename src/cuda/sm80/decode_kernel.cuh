@@ -35,6 +35,16 @@
 
 namespace flashkv::cuda::sm80 {
 
+/// A quantized source's own estimate of the CTA's shared memory (its register cap is derived from it) is exact.
+template <class Src, int kBytes>
+constexpr bool smem_estimate_ok() {
+  if constexpr (Src::kFolded) {
+    return Src::kSmemBytes == kBytes;
+  } else {
+    return true;
+  }
+}
+
 /// Shared memory: Q tile | kStages stages of Src::kStageBytes | Src::kConvBytes (quantized sources' conversion tile);
 /// the warp merge reuses everything after Q.
 template <int kHeadDim_, class Src_ = Kv16Source<__nv_bfloat16, kHeadDim_>>
@@ -53,6 +63,7 @@ struct DecodeConfig {
   static constexpr int kCombineBytes = kNWarps * 16 * (kHeadDim + 2) * 4;
   static constexpr int kLoopBytes = kStages * kStageBytes + Src::kConvBytes;
   static constexpr int kSmemBytes = TileQ::kBytes + (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes);
+  static_assert(smem_estimate_ok<Src, kSmemBytes>(), "the KV source's shared-memory estimate (its CTA cap)");
 };
 
 /// max(a, b), NaN when either is NaN (fmaxf drops NaN).
@@ -193,9 +204,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   cp_async_wait<kStages - 1>();  // Q landed (the oldest group)
   __syncthreads();
   uint32_t qa[kHeadDim / 16][4];
-  const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);  // the Q tile stays in shared memory for the whole CTA
+  {
+    const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
+  }
   constexpr bool kFolded = Src::kFolded;
   constexpr bool kKHead = scaling_k<Src>() == kv::KVScaling::head_static;
   constexpr bool kKToken = scaling_k<Src>() == kv::KVScaling::token_f32;
@@ -245,7 +258,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
-    if constexpr (Src::kReloadQ) {  // affine sources: Q fragments reloaded per block (live in the QK phase only)
+    if constexpr (Src::kReloadQ) {  // capped affine sources: Q fragments reloaded per block (the Q tile stays)
+      const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
     }

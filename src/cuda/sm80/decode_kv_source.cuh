@@ -142,11 +142,18 @@ struct KvQuantSource {
   /// The mainloop folds this source's scales: tiles() holds Code16 images of the codes, k_* / v_* give the factors.
   static constexpr bool kFolded = true;
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = VS;
-  /// fp8 sources fit 3 CTAs per SM in shared memory at head_dim <= 128 (ring + one 16-bit tile): registers capped to
-  /// match (168); affine ones carry per-group state (~230 registers) and stay at 2.
-  static constexpr bool kAffine = KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine;
-  static constexpr bool kReloadQ = kAffine;  ///< Q fragments reloaded from shared memory per block (registers)
-  static constexpr int kMinCtasPerSm = kHeadDim <= 128 ? 3 : 1;
+  /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
+  /// The CTA's shared memory (sm80::DecodeConfig, 3 stages; checked there): 3 CTAs per SM where 3 of them fit the
+  /// H100 / H200's 228 KB (with 1 KB reserved each): fp8 and int4 at head_dim 128, not int8 (its staged metadata is
+  /// sized for 16-channel groups).
+  static constexpr int kSmemBytes =
+      attn::SmemTile<16, kHeadDim>::kBytes + (3 * kStageBytes + kConvBytes > 4 * 16 * (kHeadDim + 2) * 4
+                                                  ? 3 * kStageBytes + kConvBytes
+                                                  : 4 * 16 * (kHeadDim + 2) * 4);
+  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && 3 * (kSmemBytes + 1024) <= 228 * 1024 ? 3 : 1;
+  /// Affine sources under the cap reload the Q fragments from shared memory per block (registers).
+  static constexpr bool kReloadQ =
+      (KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine) && kMinCtasPerSm > 1;
 
   const uint8_t* codes[2];
   const uint8_t* meta[2];
