@@ -216,8 +216,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr bool kVHead = scaling_v<Src>() == kv::KVScaling::head_static;
   constexpr bool kVToken = scaling_v<Src>() == kv::KVScaling::token_f32;
   constexpr bool kVAffine = scaling_v<Src>() == kv::KVScaling::token_affine;
-  // fp16 queries: P · (V factor) is kept in fp16's range by a power of two per block (vscale, folded into o's rescale)
-  constexpr bool kVNormalize = std::is_same_v<T, __half> && (kVToken || kVAffine);
+  // P · (V factor) in the P·V MMA's element type TV (fp16 for token-scaled V, Src::TV) is kept in fp16's range by a
+  // power of two per block (vscale, folded into o's rescale)
+  using TV = typename Src::TV;
+  constexpr bool kVNormalize = std::is_same_v<TV, __half> && (kVToken || kVAffine);
   // affine keys: Σ_d q_id over each 16-channel slice of this thread's two rows (the zero point's term per group)
   float qsum[kKAffine ? kHeadDim / 16 : 1][2];
   if constexpr (kKAffine) {
@@ -456,34 +458,34 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
                 pmin[dt2][hh] = fmaf(pv, f.y, pmin[dt2][hh]);
               }
             }
-          a[0] = pack2<T>(pf[0][0], pf[0][1]);
-          a[1] = pack2<T>(pf[0][2], pf[0][3]);
-          a[2] = pack2<T>(pf[1][0], pf[1][1]);
-          a[3] = pack2<T>(pf[1][2], pf[1][3]);
+          a[0] = pack2<TV>(pf[0][0], pf[0][1]);
+          a[1] = pack2<TV>(pf[0][2], pf[0][3]);
+          a[2] = pack2<TV>(pf[1][0], pf[1][1]);
+          a[3] = pack2<TV>(pf[1][2], pf[1][3]);
         }
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-        mma_16816<T>(o[2 * dt2], a, bv[0], bv[1]);
-        mma_16816<T>(o[2 * dt2 + 1], a, bv[2], bv[3]);
+        mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
+        mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
     } else {
       if constexpr (kVToken) {  // the key's scale folded into P (e = 0, 1: keys rk, rk + 1 of rows g, g + 8)
-        a[0] = pack2<T>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
-        a[1] = pack2<T>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
-        a[2] = pack2<T>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
-        a[3] = pack2<T>(s[1][2] * vf[1][0], s[1][3] * vf[1][1]);
+        a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
+        a[1] = pack2<TV>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
+        a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
+        a[3] = pack2<TV>(s[1][2] * vf[1][0], s[1][3] * vf[1][1]);
       } else {
-        a[0] = pack2<T>(s[0][0], s[0][1]);
-        a[1] = pack2<T>(s[0][2], s[0][3]);
-        a[2] = pack2<T>(s[1][0], s[1][1]);
-        a[3] = pack2<T>(s[1][2], s[1][3]);
+        a[0] = pack2<TV>(s[0][0], s[0][1]);
+        a[1] = pack2<TV>(s[0][2], s[0][3]);
+        a[2] = pack2<TV>(s[1][0], s[1][1]);
+        a[3] = pack2<TV>(s[1][2], s[1][3]);
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-        mma_16816<T>(o[2 * dt2], a, bv[0], bv[1]);
-        mma_16816<T>(o[2 * dt2 + 1], a, bv[2], bv[3]);
+        mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
+        mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
     }
   }

@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
@@ -40,6 +41,7 @@ inline constexpr int kDecodeThreads = 128;  ///< 4 warps
 template <class T, int kHeadDim>
 struct Kv16Source {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
+  using TV = T;  ///< element type of the V tile and of P in the P·V MMA
   static constexpr int kStageBytes = 2 * TileKV::kBytes;
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
@@ -126,8 +128,13 @@ __device__ __forceinline__ void dequant8(const kv::KVHalfFormat& f, const uint8_
 template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
 struct KvQuantSource {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
+  /// Element type of the V images and of P in the P·V MMA: fp16 when V carries per-token scales (token_f32 /
+  /// token_affine), whatever the query dtype — P · scale rounded to fp16 (11 significant bits, kept in range by the
+  /// mainloop's per-block power of two) adds less than rounding x̂ to bf16 does, where rounding it to bf16 doubled
+  /// the naive computation's error on peaked rows (H200, CudaQuantKVCache.*); exact either way for the codes.
+  using TV = std::conditional_t<VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine, __half, T>;
   using CodeK = Code16<KC, T>;
-  using CodeV = Code16<VC, T>;
+  using CodeV = Code16<VC, TV>;
   static constexpr int kCodeBytesK = kHeadDim * kv::code_bits(KC) / 8, kCodeBytesV = kHeadDim * kv::code_bits(VC) / 8;
   static constexpr int kCodeBlockK = round16(kDecodeBlockN * kCodeBytesK), kCodeBlockV = round16(kDecodeBlockN * kCodeBytesV);
   static constexpr int kHalfBytesK = kCodeBlockK + round16(kDecodeBlockN * quant_meta_max(KS, kHeadDim));
@@ -262,9 +269,9 @@ struct KvQuantSource {
   /// Rows [r0, r0 + 16) of one staged code block -> Code16 images in the 16-bit tile at `dst` (one warp). A unit is 8 code bytes (8 codes, or
   /// 16 planar 4-bit codes: low nibbles to chunk c, high nibbles to chunk head_dim / 16 + c); lane l converts units
   /// l, l + 32, ...: rows advance by a constant, so the swizzled destinations are a per-lane table of kPeriod entries.
-  template <kv::KVCode C>
+  template <kv::KVCode C, class E>
   __device__ __forceinline__ static void convert_rows(const uint8_t* sc, uint32_t dst, int r0, int lane) {
-    using Code = Code16<C, T>;
+    using Code = Code16<C, E>;
     constexpr int kBits = kv::code_bits(C);
     static_assert(kBits == 8 || kBits == 4, "8- and 4-bit codes");
     constexpr int kCb = kHeadDim * kBits / 8;
@@ -317,7 +324,7 @@ struct KvQuantSource {
   __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int, int) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's reads of the previous block's V images are done
-    convert_rows<KC>(ptr(stage), conv, r0, lane);
+    convert_rows<KC, T>(ptr(stage), conv, r0, lane);
     __syncwarp();
     return conv;
   }
@@ -326,7 +333,7 @@ struct KvQuantSource {
   __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's K ldmatrix reads are done
-    convert_rows<VC>(ptr(stage) + kHalfBytesK, conv, r0, lane);
+    convert_rows<VC, TV>(ptr(stage) + kHalfBytesK, conv, r0, lane);
     __syncwarp();
   }
 
