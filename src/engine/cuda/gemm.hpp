@@ -1,5 +1,6 @@
 // cuBLAS matrix products of the CUDA engine: bf16 operands, float32 accumulation and output (cublasGemmEx,
-// CUBLAS_COMPUTE_32F), in the row-major convention of the CPU engine (weights [out_features, in_features]).
+// CUBLAS_COMPUTE_32F), in the row-major convention of the CPU engine (weights [out_features, in_features]). cuBLAS 13
+// is loaded at run time (gemm.cpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +12,7 @@ namespace flashkv::engine_cuda {
 /// Owns a cuBLAS handle bound to the legacy default stream (every engine kernel and the KV cache run there).
 class Blas {
  public:
+  /// Throws UnsupportedError naming what was tried when cuBLAS cannot be loaded.
   Blas();
   ~Blas();
   Blas(const Blas&) = delete;
