@@ -1,8 +1,10 @@
 // The CUDA engine (EngineOptions::device = cuda) against the CPU engine, teacher-forced on the same tokens:
 //   * tolerance: the GPU rounds the weights to bf16 (and the GEMM inputs, q/k/v and the attention to 16 bits). The
 //     error scale is the CPU engine on the bf16-rounded weights (bf16_weight_copy) vs the float32 CPU engine; the GPU
-//     may be at most kFactor times that (max |Δlogit| and max per-step KL(CPU ‖ GPU)) — the guide's "2x the naive
-//     same-precision computation", widened to 4x because the naive twin rounds only the weights, not the activations;
+//     may be at most kFactor = 4 times that in max |Δlogit| (the guide's "2x the naive same-precision computation",
+//     widened because the twin rounds only the weights, not the activations: a numpy emulation of the GPU's roundings
+//     on the 260K model measured 2.3x) and kFactor² times its max per-step KL(CPU ‖ GPU) (KL is quadratic in the logit
+//     error; the emulation measured 3.8x);
 //   * argmax: wherever the CPU's top-2 margin exceeds 2 · max |Δlogit| of the step, the GPU's argmax must equal the
 //     CPU's (no rounding can flip it); other steps are reported (count and smallest margin);
 //   * free-running greedy: the GPU's tokens equal the CPU's up to the first near-tie (a step whose CPU margin is
@@ -74,7 +76,7 @@ void expect_close(const Reference& r, const std::vector<std::vector<float>>& gpu
   std::printf("  per-step KL(CPU||GPU) max %.3g nats (issue 14 target 1e-4: %s)\n", g.max_kl,
               g.max_kl <= 1e-4 ? "met" : "NOT met");
   EXPECT_LE(g.max_diff, kFactor * r.twin_vs_cpu.max_diff + extra_diff) << what;
-  EXPECT_LE(g.max_kl, kFactor * r.twin_vs_cpu.max_kl + extra_kl + 1e-7) << what;
+  EXPECT_LE(g.max_kl, kFactor * kFactor * r.twin_vs_cpu.max_kl + extra_kl + 1e-7) << what;
   EXPECT_EQ(g.decided_agree, g.decided) << what << ": an argmax flipped where no rounding can flip it";
   EXPECT_GT(g.max_diff, 0.0) << what << ": bf16 weights must change the logits (is this the GPU?)";
 }
@@ -95,8 +97,8 @@ TEST(CudaEngine, ShippedModelMatchesCpuEngine) {
   const std::vector<int32_t> bos{1};
   const GenerationResult want = generate(cpu, bos, greedy, go);
   ASSERT_EQ(want.tokens.size(), 100u);
+  const Reference r = reference(m, bos, want.tokens, KVCacheSpec{}, 0);
   for (const char* fmt : {"bf16", "fp16"}) {
-    const Reference r = reference(m, bos, want.tokens, KVCacheSpec{}, 0);
     Engine gpu(m, spec_of(fmt), 1, 0, on_cuda());
     EXPECT_EQ(gpu.device(), Device::cuda);
     expect_close(r, teacher_forced(gpu, bos, want.tokens), std::string("aidreams260K, ") + fmt + " cache");

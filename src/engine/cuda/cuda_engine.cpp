@@ -95,6 +95,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
       : model_(m), device_(kc.device_index), kv_(checked(kc)) {
     cuda::DeviceGuard guard(device_);
     const ModelConfig& c = m.config;
+    blas_ = std::make_unique<Blas>();  // on the engine's device (cuBLAS loaded here: UnsupportedError if absent)
     fp16_ = kc.k_format.format == KVFormat::fp16;
     att_dtype_ = fp16_ ? DType::float16 : DType::bfloat16;
     probe_decode(c);
@@ -198,7 +199,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
   PagedKVCache kv_;
   bool fp16_ = false;
   DType att_dtype_ = DType::bfloat16;
-  Blas blas_;
+  std::unique_ptr<Blas> blas_;
   DevMem embedding_, classifier_, final_norm_, rope_cos_, rope_sin_;
   std::vector<LayerDev> layers_;
   int cap_rows_ = 0;
@@ -237,7 +238,7 @@ void CudaEngine::run(std::span<const Segment> segs, std::span<const int32_t> tok
   for (int32_t l = 0; l < c.n_layers; ++l) {
     const LayerDev& L = layers_[static_cast<size_t>(l)];
     rmsnorm_bf16(x_.as<float>(), L.attn_norm.as<float>(), t, D, c.norm_eps, xb_.as<uint16_t>(), nullptr);
-    blas_.matmul(xb_.as<uint16_t>(), t, D, L.wqkv.as<uint16_t>(), Qd + 2 * KVd, qkv_.as<float>(), 0.0f);
+    blas_->matmul(xb_.as<uint16_t>(), t, D, L.wqkv.as<uint16_t>(), Qd + 2 * KVd, qkv_.as<float>(), 0.0f);
     rope_split(qkv_.as<float>(), d_pos, rope_cos_.as<float>(), rope_sin_.as<float>(), t, Hq, Hk, hd, fp16_,
                q_.as<uint16_t>(), k_.as<uint16_t>(), v_.as<uint16_t>(), nullptr);
     auto kv_rows = [&](const DevMem& buf, const Segment& s) {
@@ -267,17 +268,17 @@ void CudaEngine::run(std::span<const Segment> segs, std::span<const int32_t> tok
       fp16_to_bf16(att_.as<uint16_t>(), static_cast<int64_t>(t) * Qd, xb_.as<uint16_t>(), nullptr);
       att_bf16 = xb_.as<uint16_t>();
     }
-    blas_.matmul(att_bf16, t, Qd, L.wo.as<uint16_t>(), D, x_.as<float>(), 1.0f);
+    blas_->matmul(att_bf16, t, Qd, L.wo.as<uint16_t>(), D, x_.as<float>(), 1.0f);
     rmsnorm_bf16(x_.as<float>(), L.ffn_norm.as<float>(), t, D, c.norm_eps, xb_.as<uint16_t>(), nullptr);
-    blas_.matmul(xb_.as<uint16_t>(), t, D, L.w13.as<uint16_t>(), 2 * H, gu_.as<float>(), 0.0f);
+    blas_->matmul(xb_.as<uint16_t>(), t, D, L.w13.as<uint16_t>(), 2 * H, gu_.as<float>(), 0.0f);
     swiglu_bf16(gu_.as<float>(), t, H, hb_.as<uint16_t>(), nullptr);
-    blas_.matmul(hb_.as<uint16_t>(), t, H, L.w2.as<uint16_t>(), D, x_.as<float>(), 1.0f);
+    blas_->matmul(hb_.as<uint16_t>(), t, H, L.w2.as<uint16_t>(), D, x_.as<float>(), 1.0f);
   }
   const size_t V = static_cast<size_t>(c.vocab_size);
   if (logits_.bytes() < static_cast<size_t>(rows) * V * 4) logits_ = DevMem(static_cast<size_t>(rows) * V * 4);
   rmsnorm_bf16(x_.as<float>() + static_cast<size_t>(first) * D, final_norm_.as<float>(), rows, D, c.norm_eps,
                xb_.as<uint16_t>(), nullptr);
-  blas_.matmul(xb_.as<uint16_t>(), rows, D, classifier_.as<uint16_t>(), c.vocab_size, logits_.as<float>(), 0.0f);
+  blas_->matmul(xb_.as<uint16_t>(), rows, D, classifier_.as<uint16_t>(), c.vocab_size, logits_.as<float>(), 0.0f);
   logit_rows_ = rows;
   if (!logits_out.empty()) {
     check_cuda(cudaMemcpy(logits_out.data(), logits_.as<void>(), logits_out.size() * 4, cudaMemcpyDeviceToHost),
