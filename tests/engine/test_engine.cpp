@@ -482,3 +482,35 @@ TEST(Engine, CudaDeviceWithoutTheCudaEngineIsUnsupported) {
   spec.kv_cache_dtype = "bf16";
   EXPECT_THROW(Engine(m, spec, 1, 0, o), UnsupportedError);
 }
+
+// The page rule the engine's up-front CapacityError check uses (kvcache.hpp, TOKENS AND WINDOWS): a sequence of n tokens
+// holds ceil(n_q / page_size) pages, n_q = round_down(max(0, n − sinks − residual), Gq), Gq = the KIVI group or 1.
+TEST(Engine, PageRuleOfTheCapacityCheckMatchesTheCache) {
+  struct Case {
+    const char* dtype;
+    int32_t sinks, residual, group;
+  };
+  for (const Case& k : {Case{"fp32", 0, 0, 1}, Case{"int8", 4, 16, 1}, Case{"int4_kivi_g16", 0, 16, 16},
+                        Case{"int2_kivi_g16", 3, 0, 16}, Case{"k:int4_kivi_g16,v:int8", 2, 8, 16}}) {
+    KVCacheConfig c;
+    c.num_layers = 2;
+    c.num_heads_kv = 2;
+    c.head_dim = 16;
+    c.with_kv_cache_dtype(k.dtype);
+    c.page_size = 16;
+    c.sink_tokens = k.sinks;
+    c.residual_tokens = k.residual;
+    PagedKVCache cache(c);
+    cache.add_sequence(0);
+    std::vector<float> row(2 * 16, 0.5f);
+    for (int64_t n = 1; n <= 90; ++n) {
+      for (int32_t l = 0; l < 2; ++l) {
+        auto kv = TensorView::contiguous(row.data(), DType::float32, {1, 2, 16});
+        cache.append(0, l, kv, kv);
+      }
+      int64_t nq = std::max<int64_t>(0, n - k.sinks - k.residual);
+      nq -= nq % k.group;
+      ASSERT_EQ(cache.memory_report().pages_used, (nq + 15) / 16) << k.dtype << " after " << n << " tokens";
+    }
+  }
+}
