@@ -1,6 +1,6 @@
-// flashkv/engine.hpp — a Llama-architecture generation engine on the CPU: a model (flashkv/model.hpp) whose prefill
-// runs flashkv's exact tiled causal attention and whose decode reads a quantized paged KV cache (flashkv/kvcache.hpp),
-// the generation loop, and loading a model with its tokenizer by name or path.
+// flashkv/engine.hpp — a Llama-architecture generation engine on the CPU or a CUDA GPU (EngineOptions::device): a model
+// (flashkv/model.hpp) whose prefill runs flashkv's exact tiled causal attention and whose decode reads a quantized paged
+// KV cache (flashkv/kvcache.hpp), the generation loop, and loading a model with its tokenizer by name or path.
 //
 // This header includes the pieces it builds on: flashkv/model.hpp (checkpoints, GGUF, named models),
 // flashkv/tokenizer.hpp (SentencePiece and byte-level BPE, ChatML), flashkv/sampler.hpp (samplers).
@@ -20,6 +20,7 @@
 #include "flashkv/model.hpp"
 #include "flashkv/sampler.hpp"
 #include "flashkv/tokenizer.hpp"
+#include "flashkv/types.hpp"
 
 namespace flashkv {
 
@@ -46,21 +47,46 @@ struct KVMemory {
   double bf16_bytes_per_token = 0.0; ///< 2 · layers · num_heads_kv · head_dim · 2
 };
 
+/// Where an Engine runs and how large its KV page pool is.
+struct EngineOptions {
+  /// Device::cpu (default): float32 weights, OpenBLAS matmuls, the host PagedKVCache. Device::cuda (a library built
+  /// with the CUDA backend, FLASHKV_CUDA=ON): the weights are uploaded once to device `device_index` in bfloat16
+  /// (token embedding and norm weights stay float32), matmuls run through cuBLAS (bf16 in, float32 accumulate, float32
+  /// residual stream and logits), prefill through flashkv's CUDA attention (bf16, or fp16 with an fp16 cache), decode
+  /// and extend through the CUDA paged decode of a device PagedKVCache. The CUDA engine needs a kv_cache_dtype the
+  /// device decodes: "bf16", "fp16" or a compiled quantized format (fp8_e4m3, fp8_e4m3_dynamic, int8, int4[_gN] at
+  /// head_dim 64 / 128 in the default build), without sinks, residual window, KIVI or rotation (UnsupportedError
+  /// naming the spec otherwise; never a silent CPU fallback). UnsupportedError when the library has no CUDA backend or
+  /// no CUDA device is present.
+  Device device = Device::cpu;
+  int32_t device_index = 0;
+  /// Pages of the KV pool (0 = max_sequences · (ceil(max_context / page_size) + 1), enough for every sequence at full
+  /// context). A smaller pool admits sequences on demand: pages are taken as sequences grow and given back by
+  /// remove_sequence; a prefill / extend / decode whose new tokens need more pages than are free throws CapacityError
+  /// before anything is computed or written. >= 0.
+  int64_t kv_capacity_pages = 0;
+};
+
 /// One model + one KV cache holding up to `max_sequences` sequences of up to `max_context` tokens each (0 = the
 /// model's seq_len; must be <= seq_len). `model` is referenced, not copied: it must outlive the engine. The cache is a
-/// PagedKVCache with page_size from the spec and a pool of max_sequences · (ceil(max_context / page_size) + 1) pages.
-/// Throws Error naming 'kv_cache_dtype', 'page_size', 'max_context', ... for a spec the cache rejects (e.g. a KIVI
-/// group that does not divide head_dim).
-/// Not thread-safe; each call is internally parallel (OpenMP/BLAS).
+/// PagedKVCache with page_size from the spec and a pool of options.kv_capacity_pages pages (default
+/// max_sequences · (ceil(max_context / page_size) + 1)), in host memory (cpu) or device memory (cuda).
+/// Throws Error naming 'kv_cache_dtype', 'page_size', 'max_context', 'options.kv_capacity_pages', ... for a spec the
+/// cache rejects (e.g. a KIVI group that does not divide head_dim); UnsupportedError for a device / spec this build or
+/// machine cannot run (see EngineOptions).
+/// Not thread-safe; each call is internally parallel (OpenMP/BLAS on the CPU, the CUDA device's default stream).
 class Engine {
  public:
-  Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences = 1, int32_t max_context = 0);
+  Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences = 1, int32_t max_context = 0,
+         const EngineOptions& options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const Model& model() const { return model_; }
   const KVCacheSpec& spec() const { return spec_; }
+  const EngineOptions& options() const { return options_; }
+  Device device() const { return options_.device; }
   /// Tokens one sequence may hold (the constructor's max_context, or the model's seq_len).
   int32_t max_context() const;
 
@@ -73,8 +99,10 @@ class Engine {
 
   /// Prefill: runs `tokens` (n >= 1, token ids < vocab_size) of an EMPTY sequence through the model with exact tiled
   /// causal attention over the un-quantized K/V (flashkv::attention_forward), then appends all K/V to the cache
-  /// (quantized on write). logits_out: [n, vocab] if all_logits, else [vocab] for the last token; may be empty.
-  /// Throws Error if the sequence is not empty, a token is out of range or the prompt exceeds max_context().
+  /// (quantized on write). logits_out: [n, vocab] if all_logits, else [vocab] for the last token; may be empty (the
+  /// last token's logits are still kept in the engine for sample()).
+  /// Throws Error if the sequence is not empty, a token is out of range or the prompt exceeds max_context();
+  /// CapacityError when the pool lacks the pages the prompt needs (nothing computed or written).
   void prefill(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits = false);
 
   /// Chunked prefill through the cache: appends `tokens` (n >= 1) to sequence `seq` (empty or not; positions continue
@@ -87,8 +115,20 @@ class Engine {
 
   /// Decode one token for each of the sequences `seqs` (batch B = seqs.size(), distinct ids): appends its K/V to the
   /// cache, then attends over the cache (packed pages, quantized formats dequantized on the fly).
-  /// logits_out: [B, vocab]. Throws Error when a sequence is full (max_context) or a token is out of range.
+  /// logits_out: [B, vocab], or empty (the logits stay in the engine, on its device, for sample()). Throws Error when a
+  /// sequence is full (max_context), a token is out of range or an id repeats; CapacityError when the sequences that
+  /// start a new page need more pages than are free (checked before anything is computed or written).
   void decode(std::span<const int32_t> seqs, std::span<const int32_t> tokens, std::span<float> logits_out);
+
+  /// Draws one token per row of the logits the last prefill / extend / decode call produced (prefill / extend: its
+  /// last token, one row; decode: one row per sequence, in call order), row i with samplers[i] (samplers.size() must
+  /// equal the row count; Error 'samplers' otherwise, or before any call). On the engine's device: the CPU runs
+  /// Sampler::sample; CUDA computes argmax (temperature 0, lowest id on ties) or the distribution of
+  /// Sampler::distribution (softmax in float64 of logits / temperature, top-k then top-p over the order by probability
+  /// with ties to the lower id) and inverts its CDF in token-id order at u = samplers[i]->next_uniform() — the same
+  /// random stream and the same distribution as the CPU sampler (tokens can differ only where u falls within float64
+  /// rounding of a CDF step).
+  std::vector<int32_t> sample(std::span<Sampler* const> samplers);
 
   KVMemory memory() const;
 
@@ -96,6 +136,7 @@ class Engine {
   struct Impl;
   const Model& model_;
   KVCacheSpec spec_;
+  EngineOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -21,6 +21,7 @@ namespace {
 struct BenchEngineArgs {
   std::string model, tokenizer, contexts = "2k,8k", json;
   std::vector<std::string> kv_cache;
+  flashkv::cli::DeviceOptions device;
   int32_t n_prompt = 512, n_gen = 128, repeats = 3, ubatch = 512, threads = 0, page_size = 32;
 };
 
@@ -33,6 +34,7 @@ void run(const BenchEngineArgs& a) {
   o.n_gen = a.n_gen;
   o.repeats = a.repeats;
   o.ubatch = a.ubatch;
+  o.engine = a.device.engine();
   cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   KVCacheSpec defaults;
   defaults.page_size = a.page_size;
@@ -40,21 +42,23 @@ void run(const BenchEngineArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, lm.model.config.head_dim);
-  if (specs.empty()) specs = cli::parse_kv_list({"fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r128"}, defaults,
-                                                lm.model.config.head_dim);
+  if (specs.empty())  // the CUDA engine decodes the 16-bit and token-granular quantized formats
+    specs = cli::parse_kv_list({a.device.cuda() ? "bf16 fp16 fp8_e4m3 int8 int4"
+                                                : "fp32 bf16 fp8_e4m3 int8 int4 int4_kivi int2_kivi+r128"},
+                               defaults, lm.model.config.head_dim);
   nlohmann::json j = eval::run_info();
-  std::fprintf(stderr, "[bench engine] %s, %d threads, %s\n", a.model.c_str(), omp_get_max_threads(),
-               eval::load_average().c_str());
+  std::fprintf(stderr, "[bench engine] %s on %s, %d threads, %s\n", a.model.c_str(), a.device.device.c_str(),
+               omp_get_max_threads(), eval::load_average().c_str());
   const auto rows = eval::run_speed(lm.model, specs, o, [](const eval::SpeedRow& r) {
     std::fprintf(stderr, "[bench engine] %-22s ctx %5d: pp %7.1f tok/s, tg %6.1f tok/s  (%s)\n", r.label.c_str(),
                  r.context, r.pp_mean, r.tg_mean, eval::load_average().c_str());
   });
-  std::printf("flashkv bench engine: %s; %d threads; per context C: depth D = C - %d - %d prefilled, then tg = %d "
+  std::printf("flashkv bench engine: %s on %s; %d threads; per context C: depth D = C - %d - %d prefilled, then tg = %d "
               "decode steps (D..D+%d), pp = %d tokens prefilled through the cache (..C); %d repetition(s)\n\n",
-              a.model.c_str(), omp_get_max_threads(), o.n_gen, o.n_prompt, o.n_gen, o.n_gen, o.n_prompt, o.repeats);
+              a.model.c_str(), a.device.device.c_str(), omp_get_max_threads(), o.n_gen, o.n_prompt, o.n_gen, o.n_gen, o.n_prompt, o.repeats);
   std::fputs(eval::speed_table(rows).c_str(), stdout);
   j["model"] = a.model;
-  j["config"] = {{"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"repeats", o.repeats}, {"ubatch", o.ubatch},
+  j["config"] = {{"device", a.device.device}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"repeats", o.repeats}, {"ubatch", o.ubatch},
                  {"threads", omp_get_max_threads()}};
   j["results"] = eval::speed_to_json(rows);
   j["machine"]["load_average_at_end"] = eval::load_average();
@@ -75,6 +79,7 @@ void register_bench_engine(CLI::App& root) {
   cmd->add_option("--ubatch", args->ubatch, "tokens per prefill call (default 512)");
   cmd->add_option("--page-size", args->page_size, "tokens per cache page (default 32)");
   cmd->add_option("--threads", args->threads, "OpenMP threads (default 0 = OpenMP default)");
+  flashkv::cli::add_device_option(cmd, args->device);
   cmd->add_option("--json", args->json, "write results (with command, date, machine, load) as JSON ('-' = stdout)");
   cmd->callback([args] { run(*args); });
 }

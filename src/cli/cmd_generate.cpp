@@ -1,6 +1,6 @@
 // flashkv generate: prompt → prefill (exact tiled attention) → quantized KV cache → decode → streamed text, then
 // prefill / decode tokens per second and the KV bytes used vs bf16. --chat renders the prompt as one user turn of the
-// model's ChatML template.
+// model's ChatML template. --device cuda runs the CUDA engine (EngineOptions::device).
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -20,6 +20,7 @@ namespace {
 struct GenerateArgs {
   std::string model, tokenizer, prompt, prompt_file, system, logits_out;
   flashkv::cli::KvOptions kv;
+  flashkv::cli::DeviceOptions device;
   flashkv::cli::SamplerOptions sampling;
   int32_t steps = 256, context = 0;
   bool json = false, chat = false, system_given = false, ignore_eos = false;
@@ -37,7 +38,8 @@ void run(const GenerateArgs& a) {
   if (!a.prompt.empty() && !a.prompt_file.empty()) throw Error("prompt", "either --prompt or --prompt-file", "both");
   if (a.system_given && !a.chat) throw Error("system", "--system together with --chat", "--system without --chat");
   flashkv::cli::check_output_file(a.logits_out, "logits-out");
-  const KVCacheSpec spec = a.kv.spec();
+  const KVCacheSpec spec = flashkv::cli::kv_spec_for(a.kv, a.device);
+  const EngineOptions eo = a.device.engine();
   const SamplerConfig sc = a.sampling.config();
   const std::string user_text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file, "--prompt-file");
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
@@ -53,7 +55,7 @@ void run(const GenerateArgs& a) {
   if (prompt.empty())
     throw Error("prompt", "a non-empty prompt (this model's tokenizer adds no BOS token to start from)", "''");
   // KIVI group fitted to head_dim, as eval and demo (eval::fit_kv_spec)
-  Engine engine(lm.model, eval::fit_kv_spec(spec, lm.model.config.head_dim), 1, a.context);
+  Engine engine(lm.model, eval::fit_kv_spec(spec, lm.model.config.head_dim), 1, a.context, eo);
   if (prompt.size() > static_cast<std::size_t>(engine.max_context()))
     throw Error("prompt", "at most " + std::to_string(engine.max_context()) + " tokens (the context)",
                 std::to_string(prompt.size()) + " tokens");
@@ -90,14 +92,15 @@ void run(const GenerateArgs& a) {
                         {"kv_bytes", g.kv.bytes}, {"kv_tokens", g.kv.tokens}, {"kv_bf16_bytes", bf16_bytes},
                         {"kv_vs_bf16", flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes))},
                         {"kv_effective_bits", g.kv.effective_bits}, {"model_format", checkpoint_format_name(lm.model.format)},
-                        {"blas", engine_blas_info()}};
+                        {"device", a.device.device},
+                        {"blas", eo.device == Device::cpu ? engine_blas_info() : std::string("cuBLAS (bf16, fp32 accumulate)")}};
     // Decoded bytes need not be valid UTF-8 (a token may end inside a character): invalid bytes become U+FFFD.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   std::printf("\n---\n");
-  std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s\n", prompt.size(),
-              prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop));
+  std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s | device: %s\n",
+              prompt.size(), prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop), a.device.device.c_str());
   std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element), %s (bf16: %.0f bytes)\n",
               engine.spec().label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
               flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes)).c_str(), bf16_bytes);
@@ -124,6 +127,7 @@ void register_generate(CLI::App& root) {
   sub->add_option("--logits-out", args->logits_out,
                   "write each generated step's logits (float32, [steps, vocab], little-endian) to this file");
   flashkv::cli::add_kv_options(sub, args->kv);
+  flashkv::cli::add_device_option(sub, args->device);
   sub->callback([args] { run(*args); });
 }
 

@@ -5,6 +5,7 @@
 
 #include "cli/util_parse.hpp"
 #include "eval/evaluation.hpp"
+#include "flashkv/error.hpp"
 #include "flashkv/kvcache.hpp"
 
 namespace flashkv::cli {
@@ -40,6 +41,37 @@ void add_kv_options(CLI::App* sub, KvOptions& o) {
   add_count_option(sub, "--sinks", o.sinks, "first tokens kept in bf16", 0, 1 << 30);
   sub->add_option("--rotate", o.rotate, "none | hadamard (rotation before quantization)");
   add_count_option(sub, "--page-size", o.page_size, "tokens per cache page (power of two, 16-256)", 1, 1 << 20);
+}
+
+EngineOptions DeviceOptions::engine() const {
+  EngineOptions o;
+  if (device == "cpu") return o;
+  if (device == "cuda") {
+    o.device = Device::cuda;
+    return o;
+  }
+  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() < 9 &&
+      device.find_first_not_of("0123456789", 5) == std::string::npos) {
+    o.device = Device::cuda;
+    o.device_index = std::stoi(device.substr(5));
+    return o;
+  }
+  throw Error("device", "cpu, cuda or cuda:N", "'" + device + "'");
+}
+
+void add_device_option(CLI::App* sub, DeviceOptions& o) {
+  sub->add_option("--device", o.device,
+                  "where the model runs: cpu (default) or cuda / cuda:N (bf16 weights, cuBLAS, CUDA attention and "
+                  "paged decode; --kv-cache defaults to bf16 there)");
+}
+
+KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev) {
+  if (dev.cuda() && kv.kv_cache.empty() && kv.kv_k.empty() && kv.kv_v.empty()) {
+    KvOptions k = kv;
+    k.kv_cache = "bf16";
+    return k.spec();
+  }
+  return kv.spec();
 }
 
 SamplerConfig SamplerOptions::config() const {

@@ -32,6 +32,18 @@ struct SamplerOptions {
 };
 void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_temperature);
 
+/// --device cpu | cuda | cuda:N: where the Engine runs (EngineOptions::device / device_index).
+struct DeviceOptions {
+  std::string device = "cpu";
+  /// Parsed; Error naming 'device' (expected "cpu", "cuda" or "cuda:N") otherwise.
+  EngineOptions engine() const;
+  bool cuda() const { return engine().device == Device::cuda; }
+};
+void add_device_option(CLI::App* sub, DeviceOptions& o);
+/// The KV spec for the device: --device cuda with no --kv-cache / --kv-k / --kv-v given means bf16 (the CUDA engine
+/// decodes no fp32 cache); everything else as KvOptions::spec().
+KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev);
+
 /// An on_token callback that prints each token's bytes to stdout as it comes (nothing when `quiet`).
 std::function<void(int32_t, int32_t)> stdout_streamer(const Tokenizer& tok, bool quiet);
 

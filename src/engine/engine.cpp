@@ -5,11 +5,15 @@
 //            (PagedKVCache::attention, causal, bottom-right aligned) — chunked prefill through the (quantized) cache;
 //   decode   one token for each of B sequences, through the cache like extend.
 // Matrix products: cblas_sgemm over all rows of the batch (cblas_sgemv for a single row), threaded by OpenBLAS.
+// The Engine itself (argument checks, sequence ids, page budget) dispatches to a backend (engine_backend.hpp): the CPU
+// one here, or the CUDA one (src/engine/cuda/) when EngineOptions::device is cuda.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "engine/blas.hpp"
+#include "engine/engine_backend.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -51,47 +55,31 @@ void check_tokens(std::span<const int32_t> tokens, int32_t vocab) {
                   std::to_string(tokens[i]));
 }
 
-}  // namespace
+using Segment = engine_detail::Segment;
 
-struct Engine::Impl {
-  Impl(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_ctx)
-      : context(max_ctx == 0 ? m.config.seq_len : max_ctx), cache(make_config(m, spec, max_sequences, context)) {
-    const ModelConfig& c = m.config;
-    live.assign(static_cast<std::size_t>(max_sequences), false);
-    // RoPE table: angle pos · theta^(−2i/head_dim) in double, then cos / sin rounded to float.
-    const int half = c.head_dim / 2;
-    rope_cos.resize(static_cast<std::size_t>(context) * half);
-    rope_sin.resize(rope_cos.size());
-    for (int i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
-      for (int pos = 0; pos < context; ++pos) {
-        const double val = pos * freq;
-        rope_cos[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::cos(val));
-        rope_sin[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::sin(val));
-      }
-    }
+/// The CPU backend: float32 weights from the Model, OpenBLAS, the host PagedKVCache.
+class CpuEngine final : public engine_detail::EngineBackend {
+ public:
+  CpuEngine(const Model& m, const KVCacheConfig& kc, int32_t ctx) : model(m), context(ctx), kvc(kc) {
+    engine_detail::rope_tables(m.config, context, rope_cos, rope_sin);
+  }
+  PagedKVCache& cache() override { return kvc; }
+  const PagedKVCache& cache() const override { return kvc; }
+
+  void run(std::span<const Segment> segs, std::span<const int32_t> tokens, bool fresh, int32_t first, int32_t rows,
+           std::span<float> logits_out) override {
+    forward(model, segs, tokens, fresh);
+    last_logits.resize(static_cast<std::size_t>(rows) * model.config.vocab_size);
+    classify(model, first, rows, last_logits.data());
+    if (!logits_out.empty()) std::copy(last_logits.begin(), last_logits.end(), logits_out.begin());
   }
 
-  static KVCacheConfig make_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t context) {
-    if (max_sequences < 1) throw Error("max_sequences", ">= 1", std::to_string(max_sequences));
-    const ModelConfig& c = m.config;
-    if (context < 1 || context > c.seq_len)
-      throw Error("max_context", "a context in [1, " + std::to_string(c.seq_len) + "] (the model's) or 0",
-                  std::to_string(context));
-    KVCacheConfig kc;
-    kc.num_layers = c.n_layers;
-    kc.num_heads_kv = c.num_heads_kv;
-    kc.head_dim = c.head_dim;
-    kc.with_kv_cache_dtype(spec.kv_cache_dtype);
-    kc.page_size = spec.page_size;
-    kc.residual_tokens = spec.residual;
-    kc.sink_tokens = spec.sinks;
-    kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
-    kc.rotation_seed = spec.rotation_seed;
-    const int64_t pages_per_seq = (context + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
-    kc.capacity_pages = pages_per_seq * max_sequences;
-    kc.validate();
-    return kc;
+  std::vector<int32_t> sample(std::span<Sampler* const> samplers, int32_t row0) override {
+    const std::size_t V = static_cast<std::size_t>(model.config.vocab_size);
+    std::vector<int32_t> out(samplers.size());
+    for (std::size_t i = 0; i < samplers.size(); ++i)
+      out[i] = samplers[i]->sample(std::span<const float>(last_logits).subspan((row0 + i) * V, V));
+    return out;
   }
 
   void resize(const ModelConfig& c, int t) {
@@ -121,11 +109,6 @@ struct Engine::Impl {
       }
     }
   }
-
-  /// A run of `n` consecutive tokens of sequence `seq` starting at position `pos0`; rows [row0, row0 + n).
-  struct Segment {
-    int32_t seq, pos0, n, row0;
-  };
 
   /// The forward pass over all rows of `segs` (tokens in row order). fresh_attention: a single segment at position 0
   /// attended with attention_forward before its K/V go into the cache; otherwise K/V are appended first and every
@@ -182,10 +165,10 @@ struct Engine::Impl {
         auto vv = TensorView::contiguous(v.data(), DType::float32, {1, t, c.num_heads_kv, c.head_dim});
         auto ov = TensorView::contiguous(att.data(), DType::float32, {1, t, c.num_heads, c.head_dim});
         attention_forward(qv, kv, vv, ov, nullptr, opts);
-        cache.append(segs[0].seq, l, kv_rows(k, segs[0]), kv_rows(v, segs[0]));
+        kvc.append(segs[0].seq, l, kv_rows(k, segs[0]), kv_rows(v, segs[0]));
       } else {
-        for (const Segment& s : segs) cache.append(s.seq, l, kv_rows(k, s), kv_rows(v, s));
-        cache.attention(ids, cu, l, TensorView::contiguous(q.data(), DType::float32, {t, c.num_heads, c.head_dim}),
+        for (const Segment& s : segs) kvc.append(s.seq, l, kv_rows(k, s), kv_rows(v, s));
+        kvc.attention(ids, cu, l, TensorView::contiguous(q.data(), DType::float32, {t, c.num_heads, c.head_dim}),
                         TensorView::contiguous(att.data(), DType::float32, {t, c.num_heads, c.head_dim}), nullptr,
                         kv_opts);
       }
@@ -216,16 +199,123 @@ struct Engine::Impl {
     matmul(xb.data(), rows, c.dim, m.classifier, c.vocab_size, logits);
   }
 
+  const Model& model;
   int32_t context;
-  PagedKVCache cache;
-  std::vector<bool> live;
+  PagedKVCache kvc;
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;
+  std::vector<float> last_logits;  ///< [rows, vocab] of the last run
 };
 
-Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_context)
-    : model_(model), spec_(spec), impl_(std::make_unique<Impl>(model, spec, max_sequences, max_context)) {
-  engine_detail::blas();  // load OpenBLAS now: a missing library is an error here, not in the first forward
+std::atomic<engine_detail::CudaEngineFactory> g_cuda_factory{nullptr};
+
+}  // namespace
+
+namespace engine_detail {
+void register_cuda_engine(CudaEngineFactory factory) { g_cuda_factory.store(factory); }
+CudaEngineFactory cuda_engine_factory() { return g_cuda_factory.load(); }
+
+void rope_tables(const ModelConfig& c, int32_t context, std::vector<float>& cos_out, std::vector<float>& sin_out) {
+  // angle pos · theta^(−2i/head_dim) in double, then cos / sin rounded to float.
+  const int half = c.head_dim / 2;
+  cos_out.assign(static_cast<std::size_t>(context) * half, 0.0f);
+  sin_out.assign(cos_out.size(), 0.0f);
+  for (int i = 0; i < half; ++i) {
+    const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
+    for (int pos = 0; pos < context; ++pos) {
+      const double val = pos * freq;
+      cos_out[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::cos(val));
+      sin_out[static_cast<std::size_t>(pos) * half + i] = static_cast<float>(std::sin(val));
+    }
+  }
+}
+}  // namespace engine_detail
+
+/// The engine's bookkeeping over its backend.
+struct Engine::Impl {
+  int32_t context = 0;
+  int32_t page_size = 0;
+  int32_t sinks = 0, residual = 0, group = 1;  ///< the cache's windows and KIVI group (pages_for)
+  std::vector<bool> live;
+  std::unique_ptr<engine_detail::EngineBackend> backend;
+  int32_t kept_rows = 0;  ///< logit rows of the last call (0 before any)
+  int32_t sample_row0 = 0;
+  PagedKVCache& cache() { return backend->cache(); }
+
+  /// Pages a sequence of `len` tokens holds: its quantized stream n_q = round_down(max(0, len − S − R), Gq) in pages
+  /// of page_size (flashkv/kvcache.hpp, TOKENS AND WINDOWS).
+  int64_t pages_for(int64_t len) const {
+    int64_t nq = std::max<int64_t>(0, len - sinks - residual);
+    nq -= nq % group;
+    return (nq + page_size - 1) / page_size;
+  }
+  /// CapacityError unless the pool has the pages that growing each (seq, from, to) needs — before anything runs.
+  void reserve(std::span<const Segment> segs) {
+    int64_t need = 0;
+    for (const Segment& s : segs) need += pages_for(s.pos0 + s.n) - pages_for(s.pos0);
+    const int64_t free = cache().free_pages();
+    if (need > free)
+      throw CapacityError("flashkv: the engine's KV pool lacks pages: this call needs " + std::to_string(need) +
+                          " new pages of " + std::to_string(page_size) + " tokens, " + std::to_string(free) +
+                          " are free (remove a sequence or raise kv_capacity_pages); nothing computed or written");
+  }
+};
+
+namespace {
+KVCacheConfig make_cache_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t context,
+                                const EngineOptions& o) {
+  if (max_sequences < 1) throw Error("max_sequences", ">= 1", std::to_string(max_sequences));
+  const ModelConfig& c = m.config;
+  if (context < 1 || context > c.seq_len)
+    throw Error("max_context", "a context in [1, " + std::to_string(c.seq_len) + "] (the model's) or 0",
+                std::to_string(context));
+  if (o.kv_capacity_pages < 0)
+    throw Error("options.kv_capacity_pages", ">= 0 (0 = enough for every sequence)", std::to_string(o.kv_capacity_pages));
+  if (o.device != Device::cpu && o.device != Device::cuda)
+    throw Error("options.device", "cpu or cuda", std::to_string(static_cast<int>(o.device)));
+  KVCacheConfig kc;
+  kc.num_layers = c.n_layers;
+  kc.num_heads_kv = c.num_heads_kv;
+  kc.head_dim = c.head_dim;
+  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
+  kc.page_size = spec.page_size;
+  kc.residual_tokens = spec.residual;
+  kc.sink_tokens = spec.sinks;
+  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
+  kc.rotation_seed = spec.rotation_seed;
+  const int64_t pages_per_seq = (context + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
+  kc.capacity_pages = o.kv_capacity_pages > 0 ? o.kv_capacity_pages : pages_per_seq * max_sequences;
+  kc.device = o.device;
+  kc.device_index = o.device_index;
+  kc.validate();
+  return kc;
+}
+}  // namespace
+
+Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences, int32_t max_context,
+               const EngineOptions& options)
+    : model_(model), spec_(spec), options_(options), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.context = max_context == 0 ? model.config.seq_len : max_context;
+  const KVCacheConfig kc = make_cache_config(model, spec, max_sequences, m.context, options);
+  m.page_size = kc.page_size;
+  m.sinks = kc.sink_tokens;
+  m.residual = kc.residual_tokens;
+  m.group = kc.k_format.is_kivi() || kc.v_format.is_kivi()
+                ? (kc.k_format.is_kivi() ? kc.k_format.group_size : kc.v_format.group_size)
+                : 1;
+  if (m.group == 0) m.group = 32;  // KIVI default G (kvcache.hpp)
+  m.live.assign(static_cast<std::size_t>(max_sequences), false);
+  if (options.device == Device::cuda) {
+    const engine_detail::CudaEngineFactory make = engine_detail::cuda_engine_factory();
+    if (make == nullptr)
+      throw UnsupportedError("flashkv: options.device = cuda needs a library built with the CUDA backend "
+                             "(FLASHKV_CUDA=ON); this build has none");
+    m.backend = make(model, kc, m.context);
+  } else {
+    engine_detail::blas();  // load OpenBLAS now: a missing library is an error here, not in the first forward
+    m.backend = std::make_unique<CpuEngine>(model, kc, m.context);
+  }
 }
 
 std::string engine_blas_info() {
@@ -239,7 +329,7 @@ int32_t Engine::max_context() const { return impl_->context; }
 int32_t Engine::add_sequence() {
   for (std::size_t i = 0; i < impl_->live.size(); ++i) {
     if (!impl_->live[i]) {
-      impl_->cache.add_sequence(static_cast<int64_t>(i));
+      impl_->cache().add_sequence(static_cast<int64_t>(i));
       impl_->live[i] = true;
       return static_cast<int32_t>(i);
     }
@@ -250,18 +340,18 @@ int32_t Engine::add_sequence() {
 void Engine::remove_sequence(int32_t seq) {
   if (seq < 0 || static_cast<std::size_t>(seq) >= impl_->live.size() || !impl_->live[static_cast<std::size_t>(seq)])
     throw Error("seq", "a live sequence id", std::to_string(seq));
-  impl_->cache.remove_sequence(seq);
+  impl_->cache().remove_sequence(seq);
   impl_->live[static_cast<std::size_t>(seq)] = false;
 }
 
 int32_t Engine::length(int32_t seq) const {
   if (seq < 0 || static_cast<std::size_t>(seq) >= impl_->live.size() || !impl_->live[static_cast<std::size_t>(seq)])
     throw Error("seq", "a live sequence id", std::to_string(seq));
-  return static_cast<int32_t>(impl_->cache.seq_len(seq, 0));
+  return static_cast<int32_t>(impl_->backend->cache().seq_len(seq, 0));
 }
 
 KVMemory Engine::memory() const {
-  const KVMemoryReport r = impl_->cache.memory_report();
+  const KVMemoryReport r = impl_->backend->cache().memory_report();
   const ModelConfig& c = model_.config;
   KVMemory m;
   m.bytes = static_cast<std::size_t>(r.total_bytes);
@@ -294,22 +384,26 @@ void Engine::prefill(int32_t seq, std::span<const int32_t> tokens, std::span<flo
     throw Error("prompt", "at most " + std::to_string(max_context()) + " tokens (the context)", std::to_string(tokens.size()));
   check_chunk(*this, 0, tokens, logits_out, all_logits);
   const int t = static_cast<int>(tokens.size());
-  const Impl::Segment seg{seq, 0, t, 0};
-  impl_->forward(model_, {&seg, 1}, tokens, /*fresh_attention=*/true);
-  if (logits_out.empty()) return;
-  const int first = all_logits ? 0 : t - 1;
-  impl_->classify(model_, first, t - first, logits_out.data());
+  const Segment seg{seq, 0, t, 0};
+  impl_->reserve({&seg, 1});
+  const int first = all_logits && !logits_out.empty() ? 0 : t - 1;
+  impl_->kept_rows = 0;
+  impl_->backend->run({&seg, 1}, tokens, /*fresh=*/true, first, t - first, logits_out);
+  impl_->kept_rows = t - first;
+  impl_->sample_row0 = t - first - 1;
 }
 
 void Engine::extend(int32_t seq, std::span<const int32_t> tokens, std::span<float> logits_out, bool all_logits) {
   const int32_t cached = length(seq);
   check_chunk(*this, cached, tokens, logits_out, all_logits);
   const int t = static_cast<int>(tokens.size());
-  const Impl::Segment seg{seq, cached, t, 0};
-  impl_->forward(model_, {&seg, 1}, tokens, /*fresh_attention=*/false);
-  if (logits_out.empty()) return;
-  const int first = all_logits ? 0 : t - 1;
-  impl_->classify(model_, first, t - first, logits_out.data());
+  const Segment seg{seq, cached, t, 0};
+  impl_->reserve({&seg, 1});
+  const int first = all_logits && !logits_out.empty() ? 0 : t - 1;
+  impl_->kept_rows = 0;
+  impl_->backend->run({&seg, 1}, tokens, /*fresh=*/false, first, t - first, logits_out);
+  impl_->kept_rows = t - first;
+  impl_->sample_row0 = t - first - 1;
 }
 
 void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> tokens, std::span<float> logits_out) {
@@ -317,11 +411,11 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
   if (seqs.empty()) throw Error("seqs", "at least one sequence", "0");
   if (tokens.size() != seqs.size())
     throw Error("tokens", std::to_string(seqs.size()) + " tokens (one per sequence)", std::to_string(tokens.size()));
-  if (logits_out.size() != seqs.size() * static_cast<std::size_t>(c.vocab_size))
-    throw Error("logits_out", std::to_string(seqs.size() * static_cast<std::size_t>(c.vocab_size)) + " floats",
+  if (!logits_out.empty() && logits_out.size() != seqs.size() * static_cast<std::size_t>(c.vocab_size))
+    throw Error("logits_out", std::to_string(seqs.size() * static_cast<std::size_t>(c.vocab_size)) + " floats (or none)",
                 std::to_string(logits_out.size()));
   check_tokens(tokens, c.vocab_size);
-  std::vector<Impl::Segment> segs(seqs.size());
+  std::vector<Segment> segs(seqs.size());
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     const int32_t pos = length(seqs[i]);
     if (pos >= max_context())
@@ -331,8 +425,23 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
       if (seqs[j] == seqs[i]) throw Error("seqs", "distinct sequence ids", "id " + std::to_string(seqs[i]) + " twice");
     segs[i] = {seqs[i], pos, 1, static_cast<int32_t>(i)};
   }
-  impl_->forward(model_, segs, tokens, /*fresh_attention=*/false);
-  impl_->classify(model_, 0, static_cast<int>(seqs.size()), logits_out.data());
+  impl_->reserve(segs);
+  const int32_t rows = static_cast<int32_t>(seqs.size());
+  impl_->kept_rows = 0;
+  impl_->backend->run(segs, tokens, /*fresh=*/false, 0, rows, logits_out);
+  impl_->kept_rows = rows;
+  impl_->sample_row0 = 0;
+}
+
+std::vector<int32_t> Engine::sample(std::span<Sampler* const> samplers) {
+  const int32_t rows = impl_->kept_rows - impl_->sample_row0;
+  if (impl_->kept_rows == 0) throw Error("samplers", "a prefill / extend / decode call before sample()", "none");
+  if (samplers.size() != static_cast<std::size_t>(rows))
+    throw Error("samplers", std::to_string(rows) + " samplers (one per logit row of the last call)",
+                std::to_string(samplers.size()));
+  for (std::size_t i = 0; i < samplers.size(); ++i)
+    if (samplers[i] == nullptr) throw Error("samplers[" + std::to_string(i) + "]", "a sampler", "null");
+  return impl_->backend->sample(samplers, impl_->sample_row0);
 }
 
 }  // namespace flashkv

@@ -22,7 +22,9 @@ GenerationResult generate_in(Engine& engine, int32_t seq, std::span<const int32_
                 std::to_string(tokens.size()) + " tokens");
   GenerationResult res;
   res.prompt_tokens.assign(tokens.begin(), tokens.end());
-  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  // Logits come back to the host only when the caller keeps them; sampling runs on the engine's device.
+  std::vector<float> logits(o.keep_logits ? static_cast<std::size_t>(c.vocab_size) : 0);
+  Sampler* samplers[1] = {&sampler};
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   if (cached == 0) engine.prefill(seq, tokens, logits);
@@ -30,7 +32,7 @@ GenerationResult generate_in(Engine& engine, int32_t seq, std::span<const int32_
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   int32_t prev = tokens.back();
   for (int32_t step = 0; step < steps; ++step) {
-    const int32_t next = sampler.sample(logits);
+    const int32_t next = engine.sample(samplers)[0];
     if (!o.ignore_stop_tokens && std::find(m.stop_tokens.begin(), m.stop_tokens.end(), next) != m.stop_tokens.end()) {
       res.stop = next == m.bos_token ? StopReason::bos : StopReason::eos;
       res.stop_token = next;

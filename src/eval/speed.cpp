@@ -40,7 +40,7 @@ std::vector<SpeedRow> run_speed(const Model& model, const std::vector<KVCacheSpe
   std::vector<float> logits(V);
   for (const KVCacheSpec& spec : specs) {
     for (int32_t ctx : o.contexts) {
-      Engine engine(model, spec, 1, ctx);
+      Engine engine(model, spec, 1, ctx, o.engine);
       SpeedRow row;
       row.spec = spec;
       row.label = spec.label();

@@ -24,6 +24,7 @@ struct SpeedOptions {
   int32_t n_gen = 128;
   int32_t repeats = 3;
   int32_t ubatch = 512;
+  EngineOptions engine;  ///< where the engine runs (device; the pool is the default full size)
 };
 
 struct SpeedRow {

@@ -284,11 +284,28 @@ def check_output_paths(binary):
                 (["convert", *m, "-o", "/proc/x/m.gguf"], "--output"),
                 (["generate", *m, "--kv-cache", ""], "--kv-cache"),
                 (["generate", *m, "--steps", "0"], "--steps"),
+                (["generate", *m, "--device", "tpu"], "device"),
+                (["generate", *m, "--device", "cuda:x"], "device"),
+                (["bench", "serve", *m, "--prompt-len", "8:x"], "prompt-len"),
+                (["bench", "serve", *m, "--output-len", "9:3"], "output-len"),
+                (["bench", "serve", *m, "--output-len", "100", "--prompt-len", "40"], "output-len"),
+                (["bench", "serve", *m, "--output-len", "60", "--prompt-len", "40", "--kv-pages", "1", "--page-size",
+                  "16"], "kv_capacity_pages"),
+                (["bench", "serve", *m, "--json", "/proc/x/s.json"], "--json"),
+                (["bench", "engine", *m, "--device", "gpu"], "device"),
             ]
         else:
             print("note: shipped model not found (FLASHKV_MODELS_DIR): eval/demo/convert/generate cases skipped")
         for args, name in cases:
             expect_user_error(binary, args, name)
+        if m:  # --device cuda: one typed line (exit 2) where the build or the machine has no CUDA, else it runs
+            g = run(binary, "generate", *m, "--device", "cuda", "--steps", "4", "--temperature", "0", "--json")
+            if g.returncode == 0:
+                expect(json.loads(g.stdout)["device"] == "cuda", "generate --device cuda reports its device")
+            else:
+                expect_user_error(binary, ["generate", *m, "--device", "cuda"], "CUDA")
+                expect_user_error(binary, ["bench", "serve", *m, "--device", "cuda", "--requests", "2", "--prompt-len",
+                                           "8", "--output-len", "8"], "CUDA")
         expect(os.listdir(tmp) == [], "nothing left behind by the path checks")
         # an existing file given as --json is not modified by the check (only by the final write)
         j = Path(tmp) / "keep.json"

@@ -7,44 +7,13 @@
 
 #include "flashkv/error.hpp"
 #include "flashkv/kvcache.hpp"
+#include "random_model.hpp"
 #include "test_util.hpp"
 
 using namespace flashkv;
 using namespace flashkv::test;
 
 namespace {
-
-/// A random Llama model with owned weights (std-normal · scale).
-Model random_model(const ModelConfig& c, uint64_t seed) {
-  Model m;
-  m.config = c;
-  m.path = "<random>";
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto make = [&](std::size_t n, float scale, float offset = 0.0f) {
-    std::unique_ptr<float[]> p(new float[n]);
-    for (std::size_t i = 0; i < n; ++i) p[i] = offset + scale * nd(rng);
-    m.owned.push_back(std::move(p));
-    return m.owned.back().get();
-  };
-  const std::size_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(), Q = c.num_heads * c.head_dim;
-  m.token_embedding = make(V * D, 1.0f);
-  m.layers.resize(static_cast<std::size_t>(c.n_layers));
-  for (auto& L : m.layers) {
-    L.attn_norm = make(D, 0.1f, 1.0f);
-    L.wq = make(Q * D, 1.0f / std::sqrt(static_cast<float>(D)));
-    L.wk = make(KV * D, 1.0f / std::sqrt(static_cast<float>(D)));
-    L.wv = make(KV * D, 1.0f / std::sqrt(static_cast<float>(D)));
-    L.wo = make(D * Q, 1.0f / std::sqrt(static_cast<float>(Q)));
-    L.ffn_norm = make(D, 0.1f, 1.0f);
-    L.w1 = make(H * D, 1.0f / std::sqrt(static_cast<float>(D)));
-    L.w2 = make(D * H, 1.0f / std::sqrt(static_cast<float>(H)));
-    L.w3 = make(H * D, 1.0f / std::sqrt(static_cast<float>(D)));
-  }
-  m.final_norm = make(D, 0.1f, 1.0f);
-  m.classifier = c.shared_classifier ? m.token_embedding : make(V * D, 1.0f);
-  return m;
-}
 
 ModelConfig small_gqa() {
   ModelConfig c;
@@ -438,4 +407,110 @@ TEST(Engine, SmolLM2ConfigAndChunkedPrefill) {
   double d = 0;
   for (std::size_t i = 0; i < pre.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(pre[i] - ext[i])));
   EXPECT_LT(d, 1e-3);
+}
+
+TEST(Engine, KvCapacityPagesAdmitOnDemandAndRefuseBeforeWriting) {
+  const ModelConfig c = small_gqa();  // seq_len 40
+  Model m = random_model(c, test_seed() + 21);
+  KVCacheSpec spec;
+  spec.page_size = 16;
+  EngineOptions o;
+  o.kv_capacity_pages = 3;  // 48 token slots shared by all sequences
+  Engine e(m, spec, 3, 0, o);
+  const int32_t a = e.add_sequence(), b = e.add_sequence();
+  std::vector<float> l(c.vocab_size);
+  e.prefill(a, random_tokens(20, c.vocab_size, 1), l);  // 2 pages
+  // 17 tokens need 2 pages, 1 is free: refused before anything runs; the sequence stays empty and usable.
+  EXPECT_THROW(e.prefill(b, random_tokens(17, c.vocab_size, 2), l), CapacityError);
+  EXPECT_EQ(e.length(b), 0);
+  e.prefill(b, random_tokens(16, c.vocab_size, 3), l);  // exactly the last page
+  // b's next token starts a new page: none free. a's stays inside its second page.
+  std::vector<float> two(2 * c.vocab_size);
+  EXPECT_THROW(e.decode(std::vector<int32_t>{a, b}, std::vector<int32_t>{5, 6}, two), CapacityError);
+  EXPECT_EQ(e.length(a), 20);
+  EXPECT_EQ(e.length(b), 16);
+  // a alone decodes; its logits equal a fresh engine's (nothing of the refused step was written).
+  e.decode(std::vector<int32_t>{a}, std::vector<int32_t>{5}, l);
+  Engine fresh(m, spec, 1);
+  const int32_t f = fresh.add_sequence();
+  std::vector<float> lf(c.vocab_size);
+  fresh.prefill(f, random_tokens(20, c.vocab_size, 1), lf);
+  fresh.decode(std::vector<int32_t>{f}, std::vector<int32_t>{5}, lf);
+  EXPECT_EQ(l, lf);
+  // Retiring a frees its pages for b.
+  e.remove_sequence(a);
+  e.decode(std::vector<int32_t>{b}, std::vector<int32_t>{6}, l);
+  EXPECT_EQ(e.length(b), 17);
+  EXPECT_THROW(Engine(m, spec, 1, 0, EngineOptions{Device::cpu, 0, -1}), Error);
+}
+
+TEST(Engine, SampleDrawsFromTheLastCallsLogits) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, test_seed() + 22);
+  Engine e(m, KVCacheSpec{}, 2);
+  Sampler g(SamplerConfig{});
+  Sampler* one[1] = {&g};
+  EXPECT_THROW(e.sample(one), Error);  // no logits yet
+  const int32_t a = e.add_sequence(), b = e.add_sequence();
+  std::vector<float> all(5 * c.vocab_size);
+  const auto toks = random_tokens(5, c.vocab_size, 7);
+  e.prefill(a, toks, all, /*all_logits=*/true);
+  // prefill: one row, the last token's
+  const std::vector<float> last(all.end() - c.vocab_size, all.end());
+  EXPECT_EQ(e.sample(one)[0], Sampler(SamplerConfig{}).sample(last));
+  e.prefill(b, toks, {});  // no logits requested: still kept for sample()
+  EXPECT_EQ(e.sample(one)[0], Sampler(SamplerConfig{}).sample(last));
+  std::vector<float> two(2 * c.vocab_size);
+  e.decode(std::vector<int32_t>{a, b}, std::vector<int32_t>{3, 4}, two);
+  Sampler s1(SamplerConfig{0.9f, 0.8f, 10, 3}), s2(SamplerConfig{1.1f, 1.0f, 0, 4});
+  Sampler r1(SamplerConfig{0.9f, 0.8f, 10, 3}), r2(SamplerConfig{1.1f, 1.0f, 0, 4});
+  Sampler* pair[2] = {&s1, &s2};
+  const std::vector<int32_t> got = e.sample(pair);
+  EXPECT_EQ(got[0], r1.sample(std::span<const float>(two).subspan(0, c.vocab_size)));
+  EXPECT_EQ(got[1], r2.sample(std::span<const float>(two).subspan(c.vocab_size)));
+  EXPECT_THROW(e.sample(one), Error);  // two rows, one sampler
+  Sampler* null_one[2] = {&s1, nullptr};
+  EXPECT_THROW(e.sample(null_one), Error);
+}
+
+TEST(Engine, CudaDeviceWithoutTheCudaEngineIsUnsupported) {
+  const ModelConfig c = small_gqa();
+  Model m = random_model(c, 1);
+  EngineOptions o;
+  o.device = Device::cuda;  // this test binary never links the CUDA engine backend
+  KVCacheSpec spec;
+  spec.kv_cache_dtype = "bf16";
+  EXPECT_THROW(Engine(m, spec, 1, 0, o), UnsupportedError);
+}
+
+// The page rule the engine's up-front CapacityError check uses (kvcache.hpp, TOKENS AND WINDOWS): a sequence of n tokens
+// holds ceil(n_q / page_size) pages, n_q = round_down(max(0, n − sinks − residual), Gq), Gq = the KIVI group or 1.
+TEST(Engine, PageRuleOfTheCapacityCheckMatchesTheCache) {
+  struct Case {
+    const char* dtype;
+    int32_t sinks, residual, group;
+  };
+  for (const Case& k : {Case{"fp32", 0, 0, 1}, Case{"int8", 4, 16, 1}, Case{"int4_kivi_g16", 0, 16, 16},
+                        Case{"int2_kivi_g16", 3, 0, 16}, Case{"k:int4_kivi_g16,v:int8", 2, 8, 16}}) {
+    KVCacheConfig c;
+    c.num_layers = 2;
+    c.num_heads_kv = 2;
+    c.head_dim = 16;
+    c.with_kv_cache_dtype(k.dtype);
+    c.page_size = 16;
+    c.sink_tokens = k.sinks;
+    c.residual_tokens = k.residual;
+    PagedKVCache cache(c);
+    cache.add_sequence(0);
+    std::vector<float> row(2 * 16, 0.5f);
+    for (int64_t n = 1; n <= 90; ++n) {
+      for (int32_t l = 0; l < 2; ++l) {
+        auto kv = TensorView::contiguous(row.data(), DType::float32, {1, 2, 16});
+        cache.append(0, l, kv, kv);
+      }
+      int64_t nq = std::max<int64_t>(0, n - k.sinks - k.residual);
+      nq -= nq % k.group;
+      ASSERT_EQ(cache.memory_report().pages_used, (nq + 15) / 16) << k.dtype << " after " << n << " tokens";
+    }
+  }
 }

@@ -15,6 +15,7 @@
 #include "eval/perplexity.hpp"
 #include "eval/prompt.hpp"
 #include "eval/report.hpp"
+#include "eval/serve.hpp"
 #include "eval/speed.hpp"
 #include "flashkv/error.hpp"
 
@@ -273,6 +274,49 @@ TEST(Speed, ProtocolDepthsAndRates) {
   EXPECT_NE(speed_table(rows).find("| int8"), std::string::npos);
   o.contexts = {20};
   EXPECT_THROW(run_speed(m, {parse_format_item("bf16")}, o), Error);
+}
+
+TEST(Serve, ReplayCompletesEveryRequestUnderDeferralAndPreemption) {
+  FLASHKV_SKIP_WITHOUT_MODELS();
+  const Model& m = shipped().model;  // context 128
+  ServeOptions o;
+  o.requests = 10;
+  o.prompt_min = 8, o.prompt_max = 40;
+  o.output_min = 4, o.output_max = 60;
+  o.max_batch = 4;
+  o.seed = 3;
+  KVCacheSpec spec = parse_format_item("bf16");
+  spec.page_size = 16;
+  const ServeResult roomy = run_serve(m, {spec}, o).at(0);  // pool for 4 sequences of 100 tokens: nothing waits
+  EXPECT_EQ(roomy.preemptions, 0);
+  EXPECT_EQ(roomy.deferred_admissions, 0);
+  EXPECT_EQ(roomy.max_batch_seen, 4);
+  o.kv_capacity_pages = 9;  // 144 token slots for up to 4 sequences of up to 100 tokens
+  const ServeResult tight = run_serve(m, {spec}, o).at(0);
+  EXPECT_GT(tight.preemptions + tight.deferred_admissions, 0);
+  for (const ServeResult& r : {roomy, tight}) {
+    EXPECT_EQ(r.requests, 10);
+    EXPECT_GT(r.generated_tokens, 10 * 4 - 1);
+    EXPECT_LE(r.generated_tokens, 10 * 60);
+    EXPECT_GT(r.decode_tokens_per_s, 0);
+    EXPECT_LE(r.itl_ms_p50, r.itl_ms_p90);
+    EXPECT_LE(r.itl_ms_p90, r.itl_ms_p99);
+    EXPECT_LE(r.itl_ms_p99, r.itl_ms_max);
+    EXPECT_LE(r.mean_batch, 4.0);
+    EXPECT_GT(r.mean_batch, 0.0);
+  }
+  // The same seeded requests whatever the pool: every request finished its full output in both runs.
+  EXPECT_EQ(roomy.generated_tokens, tight.generated_tokens);
+  EXPECT_EQ(roomy.prompt_tokens, tight.prompt_tokens);
+  EXPECT_NE(serve_table({roomy, tight}).find("| bf16 |"), std::string::npos);
+  o.kv_capacity_pages = 1;  // 16 slots: the longest sequence can never fit
+  EXPECT_THROW(run_serve(m, {spec}, o), Error);
+  o.kv_capacity_pages = 0;
+  o.output_max = 100;  // 40 + 100 > 128
+  EXPECT_THROW(run_serve(m, {spec}, o), Error);
+  EXPECT_EQ(percentile({3, 1, 2, 4}, 50), 2);
+  EXPECT_EQ(percentile({3, 1, 2, 4}, 100), 4);
+  EXPECT_EQ(percentile({}, 50), 0);
 }
 
 TEST(FitKvSpec, KiviGroupFollowsHeadDimAndExplicitGroupsSayWhatWorks) {
