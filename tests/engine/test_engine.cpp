@@ -292,7 +292,10 @@ TEST(Engine, ChunkedExtendThroughTheCacheMatchesReference) {
 TEST(Engine, ExtendReadsTheQuantizedHistory) {
   // With a quantized cache, extend() attends over the quantized values (prefill() over the fresh float32 ones): the
   // chunked logits must equal token-by-token decode through the same cache, and differ from prefill's.
-  const ModelConfig c = small_gqa();
+  // One layer: with two, a code that one path rounds to its neighbour (below) changes the next layer's inputs, whose
+  // codes then flip too, and a random model amplifies that chaotically (0.675 of 2.5 at one seed in ten).
+  ModelConfig c = small_gqa();
+  c.n_layers = 1;
   Model m = random_model(c, test_seed() + 21);
   const auto tokens = random_tokens(24, c.vocab_size, test_seed() + 22);
   KVCacheSpec spec;
@@ -313,7 +316,13 @@ TEST(Engine, ExtendReadsTheQuantizedHistory) {
     d_step = std::max(d_step, static_cast<double>(std::fabs(chunked[i] - stepped[i])));
     d_prefill = std::max(d_prefill, static_cast<double>(std::fabs(chunked[i] - prefilled[i])));
   }
-  EXPECT_LT(d_step, 1e-4);
+  // The two paths compute each token's K/V with different matmul shapes (float32 rounding ~1e-6); int4 codes are a
+  // step function of those values, so a value on a rounding boundary can take the neighbouring code in one path
+  // (typically d_step ~1e-5; with one flipped code up to 0.17 of d_prefill in 300 seeds). Reading the quantized
+  // history keeps the two paths at least 4x closer to each other than to prefill's fresh float32 values (an extend
+  // that attended over float32 history would sit at ~1x), which is what the test is for.
+  std::printf("[extend] chunked vs stepped %.3g, chunked vs prefill %.3g\n", d_step, d_prefill);
+  EXPECT_LT(d_step, 0.25 * d_prefill);
   EXPECT_GT(d_prefill, 1e-3);
 }
 

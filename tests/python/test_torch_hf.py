@@ -283,8 +283,9 @@ def test_errors_name_the_problem(rng):
     with pytest.raises(flashkv.UnsupportedError, match="beam search"):
         cache.reorder_cache(torch.tensor([0]))
     with pytest.raises(flashkv.CapacityError):
-        model.generate(ids, max_new_tokens=40, do_sample=False, past_key_values=ft.PagedCache(model.config,
-                                                                                              max_cache_len=16))
+        # min_new_tokens: the random model must not stop at an EOS before it outgrows the 16-token cache
+        model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                       past_key_values=ft.PagedCache(model.config, max_cache_len=16))
 
 
 def test_pages_backend_on_cpu_equals_sdpa(rng):
