@@ -317,7 +317,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
     uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
     if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
-      src.tiles_v(stage_addr, sKV + Cfg::kConvOffset);
+      src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
       soff_v = soff - TileKV::kBytes;
     }
     // token-scaled values: the factor of each of this thread's keys (0 past the sequence's end: never NaN · 0)

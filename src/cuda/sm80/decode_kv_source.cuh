@@ -148,7 +148,13 @@ struct KvQuantSource {
                 "token-granular scalings only");
   /// The mainloop folds this source's scales: tiles() holds Code16 images of the codes, k_* / v_* give the factors.
   static constexpr bool kFolded = true;
-  static constexpr kv::KVScaling kScalingK = KS, kScalingV = VS;
+  /// fp16 queries with per-token-scaled V (token_f32 / token_affine): there is no 16-bit type wider than the output's
+  /// for P · scale, and folding the scale into P then rounds twice where the naive computation rounds once (2.3x its
+  /// error on a peaked row, H200): the V images are x̂ itself instead (scale · v16 + min in float32, rounded once to
+  /// fp16, the naive computation's values) and the mainloop sees unscaled V (kScalingV = none).
+  static constexpr bool kVPreScaled =
+      std::is_same_v<T, __half> && (VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine);
+  static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
   /// The CTA's shared memory (sm80::DecodeConfig, 3 stages; checked there): 3 CTAs per SM where 3 of them fit the
   /// H100 / H200's 228 KB (with 1 KB reserved each): fp8 and int4 at head_dim 128, not int8 (its staged metadata is
@@ -330,11 +336,42 @@ struct KvQuantSource {
   }
   /// The same for V, into the same rows of the same tile once the warp's K fragments are loaded (one tile: the
   /// ring's shared memory plus one 16-bit tile fits 3 CTAs per SM at head_dim 128).
-  __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv) const {
+  __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's K ldmatrix reads are done
     convert_rows<VC, TV>(ptr(stage) + kHalfBytesK, conv, r0, lane);
+    if constexpr (kVPreScaled) {
+      __syncwarp();
+      scale_rows_v(stage, conv, r0, lane, seqlen_k - j0);
+    }
     __syncwarp();
+  }
+  /// kVPreScaled: rows [r0, r0 + 16) of the V image tile (fp16, natural channel order) -> x̂ = scale' · v16 + min'
+  /// (float32, rounded once). Slots past the sequence's end (row >= valid; their metadata is not staged) give x̂ = 0.
+  __device__ __forceinline__ void scale_rows_v(uint32_t stage, uint32_t conv, int r0, int lane, int valid) const {
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+#pragma unroll 2
+    for (int u = lane; u < 16 * kChunks; u += 32) {
+      const int r = r0 + u / kChunks, c = u % kChunks;
+      float sc = 0.f, mn = 0.f;
+      if (r >= valid) {
+      } else if constexpr (VS == kv::KVScaling::token_f32) {
+        sc = *reinterpret_cast<const float*>(ptr(stage) + kHalfBytesK + kCodeBlockV + r * 4) * (1.0f / CodeV::kMul);
+      } else {
+        const float2 f = affine_factors<1>(stage, r, c * 8 / fmt[1].group);
+        sc = f.x, mn = f.y;
+      }
+      const uint32_t addr = conv + TileKV::offset(r, c);
+      uint32_t w[4];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        const __half2 x = __floats2half2_rn(fmaf(sc, v.x, mn), fmaf(sc, v.y, mn));
+        w[i] = *reinterpret_cast<const uint32_t*>(&x);
+      }
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+    }
   }
 
   // ---- factors (float32; x̂ = scale · (v16 / kMul + kOff) + min) ------------------------------------------------
