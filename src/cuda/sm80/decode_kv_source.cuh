@@ -38,6 +38,13 @@ namespace flashkv::cuda::sm80 {
 inline constexpr int kDecodeBlockN = 64;    ///< tokens per pipeline stage (16 per warp)
 inline constexpr int kDecodeThreads = 128;  ///< 4 warps
 
+/// Byte offset of row (page, slot) of one half for its page / slot strides in bytes (page, slot >= 0: two 32 x 64-bit
+/// widening products, no sign extension).
+__device__ __forceinline__ int64_t page_slot_offset(int64_t page, int slot, int64_t page_stride, int64_t slot_stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint64_t>(page_stride) +
+                              static_cast<uint64_t>(static_cast<uint32_t>(slot)) * static_cast<uint64_t>(slot_stride));
+}
+
 template <class T, int kHeadDim>
 struct Kv16Source {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
@@ -55,19 +62,45 @@ struct Kv16Source {
         vc(static_cast<const T*>(p.v_cache) + hk * p.v_head),
         head_dim(p.head_dim) {}
   /// Issues the cp.async copies of keys [j0, j0 + kBlockN) into the stage at `dst`; locate(j, &page, &slot).
+  /// Where every thread keeps one chunk column (head dims 64, 128, 256) the copies are branch-free, with one page
+  /// lookup per row for K and V together: a slot past seqlen_k is zero-filled and not read, its lookup clamped to the
+  /// last key (j0 < seqlen_k for every block the kernel visits), so no row needs a branch around its page-table load.
   template <class Locate>
-  __device__ __forceinline__ void load(const DecodeParams& p, uint32_t dst, int j0, int seqlen_k,
-                                       Locate&& locate) const {
-    auto row = [&](const T* base, int64_t page_stride, int64_t row_stride, int j) {
-      int64_t page;
-      int slot;
-      locate(j, page, slot);
-      return base + page * page_stride + slot * row_stride;
-    };
-    attn::load_tile_async<TileKV, kDecodeThreads>(
-        dst, [&](int r) { return row(kc, p.k_page, p.k_row, j0 + r); }, seqlen_k - j0, head_dim, kc);
-    attn::load_tile_async<TileKV, kDecodeThreads>(
-        dst + TileKV::kBytes, [&](int r) { return row(vc, p.v_page, p.v_row, j0 + r); }, seqlen_k - j0, head_dim, vc);
+  __device__ __forceinline__ void load(const DecodeParams& p, uint32_t dst, int j0, int seqlen_k, Locate&& locate) const {
+    constexpr int kChunks = TileKV::kChunks;
+    if constexpr (kDecodeThreads % kChunks == 0 && (kDecodeBlockN * kChunks) % kDecodeThreads == 0) {
+      constexpr int kStep = kDecodeThreads / kChunks;
+      const int c = static_cast<int>(threadIdx.x) % kChunks, r0 = static_cast<int>(threadIdx.x) / kChunks;
+      const bool col_ok = c * 8 < head_dim;
+      // bytes; a zero-filled chunk (head_dim padding) points at its row's start
+      const char* kb = reinterpret_cast<const char*>(kc) + (col_ok ? c * 16 : 0);
+      const char* vb = reinterpret_cast<const char*>(vc) + (col_ok ? c * 16 : 0);
+#pragma unroll
+      for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
+        const int r = r0 + k * kStep, j = j0 + r;
+        const bool ok = col_ok && j < seqlen_k;
+        int64_t page;
+        int slot;
+        locate(min(j, seqlen_k - 1), page, slot);
+        // kStep a multiple of 8 keeps (row & 7), hence the swizzle, of every row of this thread
+        const uint32_t d = kStep % 8 == 0 ? dst + TileKV::offset(r0, c) + k * kStep * TileKV::kRowBytes
+                                          : dst + TileKV::offset(r, c);
+        attn::cp_async_16(d, kb + page_slot_offset(page, slot, p.k_page * 2, p.k_row * 2), ok);
+        attn::cp_async_16(d + TileKV::kBytes, vb + page_slot_offset(page, slot, p.v_page * 2, p.v_row * 2), ok);
+      }
+    } else {  // head dims 96, 192: the chunk columns do not divide the threads (a branch per row)
+      auto row = [&](const T* base, int64_t page_stride, int64_t row_stride, int j) {
+        int64_t page;
+        int slot;
+        locate(j, page, slot);
+        return base + page * page_stride + slot * row_stride;
+      };
+      attn::load_tile_async<TileKV, kDecodeThreads>(
+          dst, [&](int r) { return row(kc, p.k_page, p.k_row, j0 + r); }, seqlen_k - j0, head_dim, kc);
+      attn::load_tile_async<TileKV, kDecodeThreads>(
+          dst + TileKV::kBytes, [&](int r) { return row(vc, p.v_page, p.v_row, j0 + r); }, seqlen_k - j0, head_dim,
+          vc);
+    }
   }
   /// Shared-memory address of the block's K tile (V tile at + TileKV::kBytes) once the stage has landed.
   __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t, int, int) const { return stage; }
@@ -188,10 +221,9 @@ struct KvQuantSource {
     meta_page_stride[0] = p.k_meta_page, meta_page_stride[1] = p.v_meta_page;
   }
 
-  /// Byte offset of (page, slot) in half `half` (page, slot >= 0: 32 x 64-bit widening products).
+  /// Byte offset of (page, slot) in half `half`.
   __device__ __forceinline__ int64_t row_offset(int half, int64_t page, int slot) const {
-    return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint64_t>(page_stride[half]) +
-                                static_cast<uint64_t>(static_cast<uint32_t>(slot)) * static_cast<uint64_t>(slot_stride[half]));
+    return page_slot_offset(page, slot, page_stride[half], slot_stride[half]);
   }
   /// Issues the cp.async copies of keys [j0, j0 + kBlockN) — codes of both halves, then their metadata — into the
   /// stage at `dst`. Code slots past seqlen_k are zero-filled, never read (j0 < seqlen_k for every block the kernel
