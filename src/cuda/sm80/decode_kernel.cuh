@@ -13,13 +13,15 @@
 // (sm80/decode_kv_source.cuh): Kv16Source (16-bit pages, cp.async into the tiles) or KvQuantSource (packed codes +
 // metadata staged by cp.async, each warp converting its own keys to exact 16-bit code images; the scales / zero points
 // are folded in float32 — per key on the scores, into P for the values — under `if constexpr (Src::kFolded)`, so the
-// 16-bit path compiles exactly as before); everything else — PackGQA, masking, the
-// online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every format. Masking: core::MaskRule (bottom-right causal, window).
+// 16-bit path has none of it); everything else — PackGQA, masking (core::MaskRule: bottom-right causal, window), the
+// online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every format.
 // Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
 // merges (core/merge.hpp: only lse = −inf means "no key"); key slots past a sequence's length are zero-filled, never
 // read; where causal / window masking splits a warp's 16-key block and a value there is non-finite, P·V for that
 // block is summed in registers with the masked pairs selected out instead of multiplied by p = 0 (rare path, chosen by
-// a warp vote). A sequence whose length breaks the host's precondition gets NaN (DecodeParams::seqlens).
+// a warp vote). The 16-bit mainloop is compiled twice: with that guard, for CTAs whose keys masking may split, and
+// without it — the loop of a decode step (one query, no window), where no block can be split. A sequence whose length
+// breaks the host's precondition gets NaN (DecodeParams::seqlens).
 #pragma once
 
 #include <cmath>
@@ -246,248 +248,262 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const float scale_log2 = p.softmax_scale_log2;
   const int q_lo = row0 / group, q_hi = (row0 + rows - 1) / group + 1;
 
-  for (int it = 0; nb_begin + it < nb_end; ++it) {
-    const int nb = nb_begin + it;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage `it` landed; every warp is done with the stage refilled below
-    if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
-    cp_async_commit();
-    // the block's 16-bit K tile (V at + TileKV::kBytes), as an offset from sKV: the stage itself, or the conversion
-    // tiles a quantized source just dequantized it into (after a __syncthreads)
-    const uint32_t soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN,
-                                    seqlen_k) - sKV;
-    const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
+  // The 16-bit mainloop carries the non-finite guard below only where masking may split a warp's 16-key block
+  // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
+  // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
+  // rewrites the V tile, so the V fragments could not be loaded before it) is in that loop.
+  auto mainloop = [&](auto guarded) {
+    constexpr bool kGuard = !kFolded && decltype(guarded)::value;
+    for (int it = 0; nb_begin + it < nb_end; ++it) {
+      const int nb = nb_begin + it;
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage `it` landed; every warp is done with the stage refilled below
+      if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
+      cp_async_commit();
+      // the block's 16-bit K tile (V at + TileKV::kBytes), as an offset from sKV: the stage itself, or the conversion
+      // tiles a quantized source just dequantized it into (after a __syncthreads)
+      const uint32_t soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN,
+                                      seqlen_k) - sKV;
+      const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
-    if constexpr (Src::kReloadQ) {  // capped affine sources: Q fragments reloaded per block (the Q tile stays)
-      const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      [[maybe_unused]] const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
+      if constexpr (Src::kReloadQ) {  // capped affine sources: Q fragments reloaded per block (the Q tile stays)
+        const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
-    }
-    const int rk = warp * 16 + 2 * t;  // block rows of this thread's keys: rk, rk + 1, rk + 8, rk + 9
-    if constexpr (kKAffine) {
-      // s_ij = Σ_g scale'_jg · (q_i · v16_j)_g + min'_jg · Σ_{d in g} q_id: one accumulator per channel group
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
-      const int kgroup = src.group(0);
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
+      }
+      // block rows of this thread's keys: rk, rk + 1, rk + 8, rk + 9
+      [[maybe_unused]] const int rk = warp * 16 + 2 * t;
+      if constexpr (kKAffine) {
+        // s_ij = Σ_g scale'_jg · (q_i · v16_j)_g + min'_jg · Σ_{d in g} q_id: one accumulator per channel group
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
+        const int kgroup = src.group(0);
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
-        mma_16816<T>(acc[0], qa[kk], bk[0], bk[1]);
-        mma_16816<T>(acc[1], qa[kk], bk[2], bk[3]);
-        qacc[0] += qsum[kk][0], qacc[1] += qsum[kk][1];
-        if (((kk + 1) * 16) % kgroup == 0) {  // the group ends here (uniform branch)
-          const int gi = kk * 16 / kgroup;
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
+          mma_16816<T>(acc[0], qa[kk], bk[0], bk[1]);
+          mma_16816<T>(acc[1], qa[kk], bk[2], bk[3]);
+          qacc[0] += qsum[kk][0], qacc[1] += qsum[kk][1];
+          if (((kk + 1) * 16) % kgroup == 0) {  // the group ends here (uniform branch)
+            const int gi = kk * 16 / kgroup;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                const float2 f = src.template affine_factors<0>(stage_addr, rk + nt * 8 + e2, gi);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                  s[nt][2 * hh + e2] = fmaf(f.x, acc[nt][2 * hh + e2], fmaf(f.y, qacc[hh], s[nt][2 * hh + e2]));
+                  acc[nt][2 * hh + e2] = 0.f;
+                }
+              }
+            qacc[0] = qacc[1] = 0.f;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
+          mma_16816<T>(s[0], qa[kk], bk[0], bk[1]);
+          mma_16816<T>(s[1], qa[kk], bk[2], bk[3]);
+        }
+        if constexpr (kKToken) {  // the key's scale on its score (keys past the end are masked below)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const float2 f = src.template token_factors<0>(stage_addr, rk + nt * 8);
+            s[nt][0] *= f.x, s[nt][1] *= f.y, s[nt][2] *= f.x, s[nt][3] *= f.y;
+          }
+        } else if constexpr (kKHead) {
+          const float f = src.k_head_factor();
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-              const float2 f = src.template affine_factors<0>(stage_addr, rk + nt * 8 + e2, gi);
-#pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                s[nt][2 * hh + e2] = fmaf(f.x, acc[nt][2 * hh + e2], fmaf(f.y, qacc[hh], s[nt][2 * hh + e2]));
-                acc[nt][2 * hh + e2] = 0.f;
-              }
-            }
-          qacc[0] = qacc[1] = 0.f;
+            for (int e = 0; e < 4; ++e) s[nt][e] *= f;
         }
       }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
-        mma_16816<T>(s[0], qa[kk], bk[0], bk[1]);
-        mma_16816<T>(s[1], qa[kk], bk[2], bk[3]);
+      uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
+      if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
+        src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
+        soff_v = soff - TileKV::kBytes;
       }
-      if constexpr (kKToken) {  // the key's scale on its score (keys past the end are masked below)
+      // token-scaled values: the factor of each of this thread's keys (0 past the sequence's end: never NaN · 0)
+      [[maybe_unused]] float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+      float vratio = 1.f;  // kVNormalize: o's extra rescale for this block's vscale
+      if constexpr (kVToken) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const float2 f = src.template token_factors<0>(stage_addr, rk + nt * 8);
-          s[nt][0] *= f.x, s[nt][1] *= f.y, s[nt][2] *= f.x, s[nt][3] *= f.y;
+          const float2 f = src.template token_factors<1>(stage_addr, rk + nt * 8);
+          const int j = nb * kBlockN + rk + nt * 8;
+          vf[nt][0] = j < seqlen_k ? f.x : 0.f, vf[nt][1] = j + 1 < seqlen_k ? f.y : 0.f;
         }
-      } else if constexpr (kKHead) {
-        const float f = src.k_head_factor();
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= f;
       }
-    }
-    uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
-    if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
-      src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
-      soff_v = soff - TileKV::kBytes;
-    }
-    // token-scaled values: the factor of each of this thread's keys (0 past the sequence's end: never NaN · 0)
-    float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-    float vratio = 1.f;  // kVNormalize: o's extra rescale for this block's vscale
-    if constexpr (kVToken) {
+      if constexpr (kVNormalize) {
+        float mx = 0.f;  // scales are >= 0
+        if constexpr (kVToken) {
+          mx = fmaxf(fmaxf(vf[0][0], vf[0][1]), fmaxf(vf[1][0], vf[1][1]));
+        } else {
+          const int ng = kHeadDim / src.group(1);
+          for (int gi = 0; gi < ng; ++gi)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float2 f = src.template token_factors<1>(stage_addr, rk + nt * 8);
-        const int j = nb * kBlockN + rk + nt * 8;
-        vf[nt][0] = j < seqlen_k ? f.x : 0.f, vf[nt][1] = j + 1 < seqlen_k ? f.y : 0.f;
-      }
-    }
-    if constexpr (kVNormalize) {
-      float mx = 0.f;  // scales are >= 0
-      if constexpr (kVToken) {
-        mx = fmaxf(fmaxf(vf[0][0], vf[0][1]), fmaxf(vf[1][0], vf[1][1]));
-      } else {
-        const int ng = kHeadDim / src.group(1);
-        for (int gi = 0; gi < ng; ++gi)
+            for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-              const int j = nb * kBlockN + rk + nt * 8 + e2;
-              if (j < seqlen_k) mx = fmaxf(mx, src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi).x);
-            }
-      }
-      mx = quad_max(mx);  // the quad holds all 16 keys (the same in every quad)
-      const uint32_t ex = __float_as_uint(mx) & 0x7f800000u;  // 2^floor(log2 mx); keep vscale for 0 / subnormal
-      if (ex != 0u && ex != 0x7f800000u) {
-        const float nv = __uint_as_float(ex);
-        vratio = vscale / nv;  // powers of two: exact
-        vscale = nv;
-        const float inv = __uint_as_float(0x7f000000u - ex);  // 1 / nv
-        if constexpr (kVToken) vf[0][0] *= inv, vf[0][1] *= inv, vf[1][0] *= inv, vf[1][1] *= inv;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e];
-        if (p.softcap) x = tanh_approx(x * p.score_scale);
-        const int j = jw0 + nt * 8 + 2 * t + (e & 1);
-        const int hh = e >> 1;
-        if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
-        s[nt][e] = x;
-      }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
-                                              max_nan(s[1][2 * hh], s[1][2 * hh + 1])));
-      mx = quad_max_nan(mx);
-      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      const float corr = exp2_approx(row_max[hh] * scale_log2 - m_scaled);
-      row_max[hh] = mx;
-      row_sum[hh] *= corr;
-      const float ocorr = kVNormalize ? corr * vratio : corr;
-      // folded sources skip the rescale where it is the identity (the row max and vscale unchanged: corr is exactly 1)
-      if (!kFolded || corr != 1.f || (kVNormalize && vratio != 1.f)) {
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) o[dt][2 * hh] *= ocorr, o[dt][2 * hh + 1] *= ocorr;
-        if constexpr (kVAffine) {
-#pragma unroll
-          for (int i = 0; i < kDT / 2; ++i) pmin[i][hh] *= corr;
+              for (int e2 = 0; e2 < 2; ++e2) {
+                const int j = nb * kBlockN + rk + nt * 8 + e2;
+                if (j < seqlen_k) mx = fmaxf(mx, src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi).x);
+              }
+        }
+        mx = quad_max(mx);  // the quad holds all 16 keys (the same in every quad)
+        const uint32_t ex = __float_as_uint(mx) & 0x7f800000u;  // 2^floor(log2 mx); keep vscale for 0 / subnormal
+        if (ex != 0u && ex != 0x7f800000u) {
+          const float nv = __uint_as_float(ex);
+          vratio = vscale / nv;  // powers of two: exact
+          vscale = nv;
+          const float inv = __uint_as_float(0x7f000000u - ex);  // 1 / nv
+          if constexpr (kVToken) vf[0][0] *= inv, vf[0][1] *= inv, vf[1][0] *= inv, vf[1][1] *= inv;
         }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = exp2_approx(fmaf(s[nt][2 * hh + e], scale_log2, -m_scaled));
-          s[nt][2 * hh + e] = pv;
-          row_sum[hh] += pv;
+        for (int e = 0; e < 4; ++e) {
+          float x = s[nt][e];
+          if (p.softcap) x = tanh_approx(x * p.score_scale);
+          const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+          const int hh = e >> 1;
+          if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
+          s[nt][e] = x;
         }
-    }
-    // Where masking splits this warp's block (causal diagonal, window edge) a non-finite value must not meet p = 0
-    // in the MMA (0 · NaN = NaN): check the block's values (only such blocks: seqlen_q > 1 or a window), and if one
-    // is non-finite add p·v for it to the rows that see it, zero it in shared memory, and let the MMA do the rest —
-    // rows that do not see it get bit-for-bit what they get without it.
-    if (!kFolded && jw0 < seqlen_k && !rule.tile_fully_visible(q_lo, q_hi, jw0, min(jw0 + 16, seqlen_k))) {
-      const uint32_t vbase = sKV + TileKV::kBytes + soff;
-      bool bad = false;
-      for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
-        const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
-        bad |= nonfinite2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + key, c)));
-      }
-      if (__any_sync(0xffffffffu, bad)) {
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          const int j = jw0 + k;
-          const int src = (lane & ~3) | ((k % 8) / 2);
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
+                                                max_nan(s[1][2 * hh], s[1][2 * hh + 1])));
+        mx = quad_max_nan(mx);
+        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float corr = exp2_approx(row_max[hh] * scale_log2 - m_scaled);
+        row_max[hh] = mx;
+        row_sum[hh] *= corr;
+        const float ocorr = kVNormalize ? corr * vratio : corr;
+        // folded sources skip the rescale where it is the identity (row max and vscale unchanged: corr is exactly 1)
+        if (!kFolded || corr != 1.f || (kVNormalize && vratio != 1.f)) {
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const float pk = __shfl_sync(0xffffffffu, s[k / 8][2 * hh + (k & 1)], src);
-            if (j < jlo[hh] || j >= jhi[hh]) continue;
+          for (int dt = 0; dt < kDT; ++dt) o[dt][2 * hh] *= ocorr, o[dt][2 * hh + 1] *= ocorr;
+          if constexpr (kVAffine) {
 #pragma unroll
-            for (int dt = 0; dt < kDT; ++dt) {
-              const float2 vf = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
-              if (!isfinite(vf.x)) o[dt][2 * hh] += pk * vf.x;
-              if (!isfinite(vf.y)) o[dt][2 * hh + 1] += pk * vf.y;
-            }
+            for (int i = 0; i < kDT / 2; ++i) pmin[i][hh] *= corr;
           }
         }
-        __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = exp2_approx(fmaf(s[nt][2 * hh + e], scale_log2, -m_scaled));
+            s[nt][2 * hh + e] = pv;
+            row_sum[hh] += pv;
+          }
+      }
+      // Where masking splits this warp's block (causal diagonal, window edge) a non-finite value must not meet p = 0
+      // in the MMA (0 · NaN = NaN): check the block's values (only such blocks: seqlen_q > 1 or a window), and if
+      // one is non-finite add p·v for it to the rows that see it, zero it in shared memory, and let the MMA do the
+      // rest — rows that do not see it get bit-for-bit what they get without it.
+      if (kGuard && jw0 < seqlen_k && !rule.tile_fully_visible(q_lo, q_hi, jw0, min(jw0 + 16, seqlen_k))) {
+        const uint32_t vbase = sKV + TileKV::kBytes + soff;
+        bool bad = false;
         for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
           const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
-          const uint32_t addr = vbase + TileKV::offset_elem(warp * 16 + key, c);
-          const float2 vf = unpack2<T>(ld_shared_b32(addr));
-          if (!isfinite(vf.x) || !isfinite(vf.y)) {
-            st_shared_b32(addr, pack2<T>(isfinite(vf.x) ? vf.x : 0.f, isfinite(vf.y) ? vf.y : 0.f));
-          }
+          bad |= nonfinite2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + key, c)));
         }
-        __syncwarp();
-      }
-    }
-    uint32_t a[4];
-    if constexpr (kVAffine) {
-      // out_i += Σ_j (P_ij · scale'_jg) · v16_jd (the MMA, per channel group g) + Σ_j P_ij · min'_jg (float32)
-      const int vgroup = src.group(1);
-      const float inv = 1.f / vscale;  // a power of two (1 unless kVNormalize)
+        if (__any_sync(0xffffffffu, bad)) {
 #pragma unroll
-      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        if ((dt2 * 16) % vgroup == 0) {  // a group starts at this 16-column slice (uniform branch)
-          const int gi = dt2 * 16 / vgroup;
-          float pf[2][4];
+          for (int k = 0; k < 16; ++k) {
+            const int j = jw0 + k;
+            const int src = (lane & ~3) | ((k % 8) / 2);
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
+            for (int hh = 0; hh < 2; ++hh) {
+              const float pk = __shfl_sync(0xffffffffu, s[k / 8][2 * hh + (k & 1)], src);
+              if (j < jlo[hh] || j >= jhi[hh]) continue;
 #pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-              float2 f = src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi);
-              if (nb * kBlockN + rk + nt * 8 + e2 >= seqlen_k) f = make_float2(0.f, 0.f);
-#pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                const float pv = s[nt][2 * hh + e2];
-                pf[nt][2 * hh + e2] = pv * (f.x * inv);
-                pmin[dt2][hh] = fmaf(pv, f.y, pmin[dt2][hh]);
+              for (int dt = 0; dt < kDT; ++dt) {
+                const float2 vf = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
+                if (!isfinite(vf.x)) o[dt][2 * hh] += pk * vf.x;
+                if (!isfinite(vf.y)) o[dt][2 * hh + 1] += pk * vf.y;
               }
             }
-          a[0] = pack2<TV>(pf[0][0], pf[0][1]);
-          a[1] = pack2<TV>(pf[0][2], pf[0][3]);
-          a[2] = pack2<TV>(pf[1][0], pf[1][1]);
-          a[3] = pack2<TV>(pf[1][2], pf[1][3]);
+          }
+          __syncwarp();
+          for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
+            const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
+            const uint32_t addr = vbase + TileKV::offset_elem(warp * 16 + key, c);
+            const float2 vf = unpack2<T>(ld_shared_b32(addr));
+            if (!isfinite(vf.x) || !isfinite(vf.y)) {
+              st_shared_b32(addr, pack2<T>(isfinite(vf.x) ? vf.x : 0.f, isfinite(vf.y) ? vf.y : 0.f));
+            }
+          }
+          __syncwarp();
         }
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-        mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
-        mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
-    } else {
-      if constexpr (kVToken) {  // the key's scale folded into P (e = 0, 1: keys rk, rk + 1 of rows g, g + 8)
-        a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
-        a[1] = pack2<TV>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
-        a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
-        a[3] = pack2<TV>(s[1][2] * vf[1][0], s[1][3] * vf[1][1]);
-      } else {
-        a[0] = pack2<TV>(s[0][0], s[0][1]);
-        a[1] = pack2<TV>(s[0][2], s[0][3]);
-        a[2] = pack2<TV>(s[1][0], s[1][1]);
-        a[3] = pack2<TV>(s[1][2], s[1][3]);
-      }
+      uint32_t a[4];
+      if constexpr (kVAffine) {
+        // out_i += Σ_j (P_ij · scale'_jg) · v16_jd (the MMA, per channel group g) + Σ_j P_ij · min'_jg (float32)
+        const int vgroup = src.group(1);
+        const float inv = 1.f / vscale;  // a power of two (1 unless kVNormalize)
 #pragma unroll
-      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-        mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
-        mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
+        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+          if ((dt2 * 16) % vgroup == 0) {  // a group starts at this 16-column slice (uniform branch)
+            const int gi = dt2 * 16 / vgroup;
+            float pf[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int e2 = 0; e2 < 2; ++e2) {
+                float2 f = src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi);
+                if (nb * kBlockN + rk + nt * 8 + e2 >= seqlen_k) f = make_float2(0.f, 0.f);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                  const float pv = s[nt][2 * hh + e2];
+                  pf[nt][2 * hh + e2] = pv * (f.x * inv);
+                  pmin[dt2][hh] = fmaf(pv, f.y, pmin[dt2][hh]);
+                }
+              }
+            a[0] = pack2<TV>(pf[0][0], pf[0][1]);
+            a[1] = pack2<TV>(pf[0][2], pf[0][3]);
+            a[2] = pack2<TV>(pf[1][0], pf[1][1]);
+            a[3] = pack2<TV>(pf[1][2], pf[1][3]);
+          }
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
+          mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
+          mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
+        }
+      } else {
+        if constexpr (kVToken) {  // the key's scale folded into P (e = 0, 1: keys rk, rk + 1 of rows g, g + 8)
+          a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
+          a[1] = pack2<TV>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
+          a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
+          a[3] = pack2<TV>(s[1][2] * vf[1][0], s[1][3] * vf[1][1]);
+        } else {
+          a[0] = pack2<TV>(s[0][0], s[0][1]);
+          a[1] = pack2<TV>(s[0][2], s[0][3]);
+          a[2] = pack2<TV>(s[1][0], s[1][1]);
+          a[3] = pack2<TV>(s[1][2], s[1][3]);
+        }
+#pragma unroll
+        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
+          mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
+          mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
+        }
       }
     }
+  };
+  if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
+                                         min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
+    mainloop(std::false_type{});
+  } else {
+    mainloop(std::true_type{});
   }
   if constexpr (kFolded) {  // the output factors left out of the loop: o · vscale (· the static V scale) + P · min'
     const float f = kVHead ? src.v_head_factor() : vscale;
