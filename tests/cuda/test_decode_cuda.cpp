@@ -73,6 +73,15 @@ TEST(CudaDecode, VariantsVsReference) {
   check_decode(c, mem);
   c.window = 0;  // only the diagonal
   check_decode(c, mem);
+  // head dims the kernel runs padded (the 64 / 128 instantiations: their last chunk columns zero-filled, never read),
+  // one query per sequence (the mainloop without the non-finite guard) and four (causal: with it)
+  for (int d : {40, 72}) {
+    DecodeCase p;
+    p.head_dim = d, p.heads = 8, p.heads_kv = 2, p.page_size = 16, p.max_pages = 24;
+    check_decode(p, mem);
+    p.seqlen_q = 4;
+    check_decode(p, mem);
+  }
 }
 
 TEST(CudaDecode, PastCapacityIsACapacityErrorBeforeAnythingIsWritten) {
