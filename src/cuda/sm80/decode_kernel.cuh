@@ -12,9 +12,10 @@
 // tensor pair), addressed through DecodeParams' strides. The kernel is templated on where its K / V tiles come from
 // (sm80/decode_kv_source.cuh): Kv16Source (16-bit pages, cp.async into the tiles) or KvQuantSource (packed codes +
 // metadata staged by cp.async, each warp converting its own keys to exact 16-bit code images; the scales / zero points
-// are folded in float32 — per key on the scores, into P for the values — under `if constexpr (Src::kFolded)`, so the
-// 16-bit path has none of it); everything else — PackGQA, masking (core::MaskRule: bottom-right causal, window), the
-// online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every format.
+// are folded in float32 — per key on the scores, into P for the values — by the hooks of sm80/decode_fold.cuh, which
+// compile to nothing for 16-bit pages); everything else — PackGQA, masking (core::MaskRule: bottom-right causal,
+// window), the online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every
+// format.
 // Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
 // merges (core/merge.hpp: only lse = −inf means "no key"); key slots past a sequence's length are zero-filled, never
 // read; where causal / window masking splits a warp's 16-key block and a value there is non-finite, P·V for that
@@ -32,20 +33,11 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
+#include "cuda/sm80/decode_fold.cuh"
 #include "cuda/sm80/decode_kv_source.cuh"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashkv::cuda::sm80 {
-
-/// A quantized source's own estimate of the CTA's shared memory (its register cap is derived from it) is exact.
-template <class Src, int kBytes>
-constexpr bool smem_estimate_ok() {
-  if constexpr (Src::kFolded) {
-    return Src::kSmemBytes == kBytes;
-  } else {
-    return true;
-  }
-}
 
 /// Shared memory: Q tile | kStages stages of Src::kStageBytes | Src::kConvBytes (quantized sources' conversion tile);
 /// the warp merge reuses everything after Q.
@@ -120,16 +112,6 @@ __device__ __forceinline__ bool nonfinite2(uint32_t v) {
   constexpr uint32_t kExp = sizeof(T) == 2 && std::is_same_v<T, __half> ? 0x7c007c00u : 0x7f807f80u;
   const uint32_t lo = v & (kExp & 0xffffu), hi = v & (kExp & 0xffff0000u);
   return lo == (kExp & 0xffffu) || hi == (kExp & 0xffff0000u);
-}
-
-/// The K / V scalings of a KV source (none for 16-bit pages).
-template <class Src>
-__host__ __device__ constexpr kv::KVScaling scaling_k() {
-  if constexpr (Src::kFolded) return Src::kScalingK; else return kv::KVScaling::none;
-}
-template <class Src>
-__host__ __device__ constexpr kv::KVScaling scaling_v() {
-  if constexpr (Src::kFolded) return Src::kScalingV; else return kv::KVScaling::none;
 }
 
 template <class Cfg, class T>
@@ -211,32 +193,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
   }
-  constexpr bool kFolded = Src::kFolded;
-  constexpr bool kKHead = scaling_k<Src>() == kv::KVScaling::head_static;
-  constexpr bool kKToken = scaling_k<Src>() == kv::KVScaling::token_f32;
-  constexpr bool kKAffine = scaling_k<Src>() == kv::KVScaling::token_affine;
-  constexpr bool kVHead = scaling_v<Src>() == kv::KVScaling::head_static;
-  constexpr bool kVToken = scaling_v<Src>() == kv::KVScaling::token_f32;
-  constexpr bool kVAffine = scaling_v<Src>() == kv::KVScaling::token_affine;
-  // P · (V factor) in the P·V MMA's element type TV (fp16 for token-scaled V, Src::TV) is kept in fp16's range by a
-  // power of two per block (vscale, folded into o's rescale)
-  using TV = typename Src::TV;
-  constexpr bool kVNormalize = std::is_same_v<TV, __half> && (kVToken || kVAffine);
-  // affine keys: Σ_d q_id over each 16-channel slice of this thread's two rows (the zero point's term per group)
-  float qsum[kKAffine ? kHeadDim / 16 : 1][2];
-  if constexpr (kKAffine) {
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float2 x = unpack2<T>(qa[kk][hh]), y = unpack2<T>(qa[kk][hh + 2]);
-        qsum[kk][hh] = quad_sum((x.x + x.y) + (y.x + y.y));
-      }
-  }
-  // affine values: Σ_j P_ij · min'_j of each channel group (at the group's first 16-column slice), rescaled like o
-  float pmin[kVAffine ? kDT / 2 : 1][2];
-#pragma unroll
-  for (int i = 0; i < (kVAffine ? kDT / 2 : 1); ++i) pmin[i][0] = pmin[i][1] = 0.f;
+  using Fold = DecodeFold<Src, T, kHeadDim>;  // the folded scales of packed pages (decode_fold.cuh)
+  using TV = typename Fold::TV;
+  constexpr bool kFolded = Fold::kFolded, kKAffine = Fold::kKAffine, kVAffine = Fold::kVAffine;
+  constexpr bool kVNormalize = Fold::kVNormalize;
+  typename Fold::QSum qsum;
+  typename Fold::PMin pmin;
+  Fold::init(qa, qsum, pmin);
   float vscale = 1.f;  // kVNormalize: o holds the output divided by vscale
   const LdsmAddr<TileKV> k_addr(sKV, (lane % 8) + (lane / 16) * 8, (lane / 8) % 2);
   const LdsmAddr<TileKV> v_addr(sKV + TileKV::kBytes, (lane % 8) + ((lane / 8) % 2) * 8, lane / 16);
@@ -267,104 +230,37 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      [[maybe_unused]] const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
+      const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
       if constexpr (Src::kReloadQ) {  // capped affine sources: Q fragments reloaded per block (the Q tile stays)
         const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) ldmatrix_x4(qa[kk], q_addr(0, kk * 2));
       }
       // block rows of this thread's keys: rk, rk + 1, rk + 8, rk + 9
-      [[maybe_unused]] const int rk = warp * 16 + 2 * t;
-      if constexpr (kKAffine) {
-        // s_ij = Σ_g scale'_jg · (q_i · v16_j)_g + min'_jg · Σ_{d in g} q_id: one accumulator per channel group
+      const int rk = warp * 16 + 2 * t;
+      {
+        // affine keys: the MMAs accumulate one channel group at a time (acc), the fold's hook adds it to s
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
-        const int kgroup = src.group(0);
+        float(&qk)[2][4] = kKAffine ? acc : s;
+        const int kgroup = Fold::group(src, 0);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
           uint32_t bk[4];
           ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
-          mma_16816<T>(acc[0], qa[kk], bk[0], bk[1]);
-          mma_16816<T>(acc[1], qa[kk], bk[2], bk[3]);
-          qacc[0] += qsum[kk][0], qacc[1] += qsum[kk][1];
-          if (((kk + 1) * 16) % kgroup == 0) {  // the group ends here (uniform branch)
-            const int gi = kk * 16 / kgroup;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                const float2 f = src.template affine_factors<0>(stage_addr, rk + nt * 8 + e2, gi);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  s[nt][2 * hh + e2] = fmaf(f.x, acc[nt][2 * hh + e2], fmaf(f.y, qacc[hh], s[nt][2 * hh + e2]));
-                  acc[nt][2 * hh + e2] = 0.f;
-                }
-              }
-            qacc[0] = qacc[1] = 0.f;
-          }
+          mma_16816<T>(qk[0], qa[kk], bk[0], bk[1]);
+          mma_16816<T>(qk[1], qa[kk], bk[2], bk[3]);
+          Fold::k_slice(src, kk, kgroup, stage_addr, rk, qsum, acc, qacc, s);
         }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          uint32_t bk[4];
-          ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
-          mma_16816<T>(s[0], qa[kk], bk[0], bk[1]);
-          mma_16816<T>(s[1], qa[kk], bk[2], bk[3]);
-        }
-        if constexpr (kKToken) {  // the key's scale on its score (keys past the end are masked below)
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const float2 f = src.template token_factors<0>(stage_addr, rk + nt * 8);
-            s[nt][0] *= f.x, s[nt][1] *= f.y, s[nt][2] *= f.x, s[nt][3] *= f.y;
-          }
-        } else if constexpr (kKHead) {
-          const float f = src.k_head_factor();
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] *= f;
-        }
+        Fold::k_factors(src, stage_addr, rk, s);
       }
       uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
       if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
         src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
         soff_v = soff - TileKV::kBytes;
       }
-      // token-scaled values: the factor of each of this thread's keys (0 past the sequence's end: never NaN · 0)
-      [[maybe_unused]] float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-      float vratio = 1.f;  // kVNormalize: o's extra rescale for this block's vscale
-      if constexpr (kVToken) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const float2 f = src.template token_factors<1>(stage_addr, rk + nt * 8);
-          const int j = nb * kBlockN + rk + nt * 8;
-          vf[nt][0] = j < seqlen_k ? f.x : 0.f, vf[nt][1] = j + 1 < seqlen_k ? f.y : 0.f;
-        }
-      }
-      if constexpr (kVNormalize) {
-        float mx = 0.f;  // scales are >= 0
-        if constexpr (kVToken) {
-          mx = fmaxf(fmaxf(vf[0][0], vf[0][1]), fmaxf(vf[1][0], vf[1][1]));
-        } else {
-          const int ng = kHeadDim / src.group(1);
-          for (int gi = 0; gi < ng; ++gi)
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                const int j = nb * kBlockN + rk + nt * 8 + e2;
-                if (j < seqlen_k) mx = fmaxf(mx, src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi).x);
-              }
-        }
-        mx = quad_max(mx);  // the quad holds all 16 keys (the same in every quad)
-        const uint32_t ex = __float_as_uint(mx) & 0x7f800000u;  // 2^floor(log2 mx); keep vscale for 0 / subnormal
-        if (ex != 0u && ex != 0x7f800000u) {
-          const float nv = __uint_as_float(ex);
-          vratio = vscale / nv;  // powers of two: exact
-          vscale = nv;
-          const float inv = __uint_as_float(0x7f000000u - ex);  // 1 / nv
-          if constexpr (kVToken) vf[0][0] *= inv, vf[0][1] *= inv, vf[1][0] *= inv, vf[1][1] *= inv;
-        }
-      }
+      float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // token-scaled values: each key's factor
+      float vratio = 1.f;                         // kVNormalize: o's extra rescale for this block
+      Fold::v_factors(src, stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale, vratio);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -390,10 +286,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         if (!kFolded || corr != 1.f || (kVNormalize && vratio != 1.f)) {
 #pragma unroll
           for (int dt = 0; dt < kDT; ++dt) o[dt][2 * hh] *= ocorr, o[dt][2 * hh + 1] *= ocorr;
-          if constexpr (kVAffine) {
-#pragma unroll
-            for (int i = 0; i < kDT / 2; ++i) pmin[i][hh] *= corr;
-          }
+          Fold::rescale(pmin, hh, corr);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -426,9 +319,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
               if (j < jlo[hh] || j >= jhi[hh]) continue;
 #pragma unroll
               for (int dt = 0; dt < kDT; ++dt) {
-                const float2 vf = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
-                if (!isfinite(vf.x)) o[dt][2 * hh] += pk * vf.x;
-                if (!isfinite(vf.y)) o[dt][2 * hh + 1] += pk * vf.y;
+                const float2 vv = unpack2<T>(ld_shared_b32(vbase + TileKV::offset_elem(warp * 16 + k, dt * 8 + 2 * t)));
+                if (!isfinite(vv.x)) o[dt][2 * hh] += pk * vv.x;
+                if (!isfinite(vv.y)) o[dt][2 * hh + 1] += pk * vv.y;
               }
             }
           }
@@ -436,66 +329,26 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
           for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
             const int key = i / (kHeadDim / 2), c = (i % (kHeadDim / 2)) * 2;
             const uint32_t addr = vbase + TileKV::offset_elem(warp * 16 + key, c);
-            const float2 vf = unpack2<T>(ld_shared_b32(addr));
-            if (!isfinite(vf.x) || !isfinite(vf.y)) {
-              st_shared_b32(addr, pack2<T>(isfinite(vf.x) ? vf.x : 0.f, isfinite(vf.y) ? vf.y : 0.f));
+            const float2 vv = unpack2<T>(ld_shared_b32(addr));
+            if (!isfinite(vv.x) || !isfinite(vv.y)) {
+              st_shared_b32(addr, pack2<T>(isfinite(vv.x) ? vv.x : 0.f, isfinite(vv.y) ? vv.y : 0.f));
             }
           }
           __syncwarp();
         }
       }
+      // P (the A operand) for every 16-column slice of V, or per channel group (affine V: the fold's hook)
       uint32_t a[4];
-      if constexpr (kVAffine) {
-        // out_i += Σ_j (P_ij · scale'_jg) · v16_jd (the MMA, per channel group g) + Σ_j P_ij · min'_jg (float32)
-        const int vgroup = src.group(1);
-        const float inv = 1.f / vscale;  // a power of two (1 unless kVNormalize)
+      Fold::p_operand(s, vf, a);
+      const int vgroup = Fold::group(src, 1);
+      const float vinv = kVAffine ? 1.f / vscale : 1.f;  // a power of two (1 unless kVNormalize)
 #pragma unroll
-        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-          if ((dt2 * 16) % vgroup == 0) {  // a group starts at this 16-column slice (uniform branch)
-            const int gi = dt2 * 16 / vgroup;
-            float pf[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-              for (int e2 = 0; e2 < 2; ++e2) {
-                float2 f = src.template affine_factors<1>(stage_addr, rk + nt * 8 + e2, gi);
-                if (nb * kBlockN + rk + nt * 8 + e2 >= seqlen_k) f = make_float2(0.f, 0.f);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  const float pv = s[nt][2 * hh + e2];
-                  pf[nt][2 * hh + e2] = pv * (f.x * inv);
-                  pmin[dt2][hh] = fmaf(pv, f.y, pmin[dt2][hh]);
-                }
-              }
-            a[0] = pack2<TV>(pf[0][0], pf[0][1]);
-            a[1] = pack2<TV>(pf[0][2], pf[0][3]);
-            a[2] = pack2<TV>(pf[1][0], pf[1][1]);
-            a[3] = pack2<TV>(pf[1][2], pf[1][3]);
-          }
-          uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-          mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
-          mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
-        }
-      } else {
-        if constexpr (kVToken) {  // the key's scale folded into P (e = 0, 1: keys rk, rk + 1 of rows g, g + 8)
-          a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
-          a[1] = pack2<TV>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
-          a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
-          a[3] = pack2<TV>(s[1][2] * vf[1][0], s[1][3] * vf[1][1]);
-        } else {
-          a[0] = pack2<TV>(s[0][0], s[0][1]);
-          a[1] = pack2<TV>(s[0][2], s[0][3]);
-          a[2] = pack2<TV>(s[1][0], s[1][1]);
-          a[3] = pack2<TV>(s[1][2], s[1][3]);
-        }
-#pragma unroll
-        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-          uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
-          mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
-          mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
-        }
+      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+        Fold::v_slice(src, dt2, vgroup, vinv, stage_addr, rk, nb * kBlockN, seqlen_k, s, pmin, a);
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
+        mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
+        mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
     }
   };
@@ -505,26 +358,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   } else {
     mainloop(std::true_type{});
   }
-  if constexpr (kFolded) {  // the output factors left out of the loop: o · vscale (· the static V scale) + P · min'
-    const float f = kVHead ? src.v_head_factor() : vscale;
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[dt][e] *= f;
-    if constexpr (kVAffine) {
-      const int vgroup = src.group(1);
-      float cur[2] = {0.f, 0.f};
-#pragma unroll
-      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        if ((dt2 * 16) % vgroup == 0) cur[0] = quad_sum(pmin[dt2][0]), cur[1] = quad_sum(pmin[dt2][1]);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          o[2 * dt2][2 * hh] += cur[hh], o[2 * dt2][2 * hh + 1] += cur[hh];
-          o[2 * dt2 + 1][2 * hh] += cur[hh], o[2 * dt2 + 1][2 * hh + 1] += cur[hh];
-        }
-      }
-    }
-  }
+  Fold::finish(src, vscale, pmin, o);
   cp_async_wait<0>();
   __syncthreads();
 
