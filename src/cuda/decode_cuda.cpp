@@ -149,6 +149,13 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
       throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
     }
     const kv::KVHalfFormat& f = p.kv.format[half];
+    // one MMA k-slice per group (checked before the metadata size, which follows from the group)
+    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0)) {
+      throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
+                             "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
+                             "per group), got groups of " + str(f.group) +
+                             " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
+    }
     if (!raw16 && f.meta_bytes_per_unit > 0 &&
         ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
          f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
@@ -156,10 +163,6 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
       throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
                              p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
                              str(f.tokens_per_unit) + " tokens per unit)");
-    }
-    if (!raw16 && f.scaling == kv::KVScaling::token_affine && f.group % 16 != 0) {  // one MMA k-slice per group
-      throw UnsupportedError(std::string("flashkv: the CUDA decode reads channel groups of a multiple of 16; ") + name +
-                             " (" + p.kv.format_name[half] + ") has groups of " + str(f.group));
     }
   }
   const int64_t group = p.group_size();

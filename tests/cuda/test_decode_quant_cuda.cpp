@@ -14,8 +14,9 @@
 //   * the decode's register conversion (dequant8: 8 codes per thread, int4 / int2 planes by shift and mask, fp8 by
 //     moving bits) equals KVHalfFormat::dequant on the host bit for bit, for every code byte and random metadata;
 //   * errors: CapacityError before anything is written, non-finite / out-of-range values named with their index and
-//     nothing written, KIVI / windows and uncompiled K/V combinations named in an UnsupportedError; pages reused after
-//     remove_sequence.
+//     nothing written, KIVI / windows and uncompiled K/V combinations named in an UnsupportedError, affine channel
+//     groups the MMA k-slices cannot follow (not a multiple of 16) refused by the plan naming the half, expected and
+//     actual group; pages reused after remove_sequence.
 #include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -27,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
+#include "core/decode_problem.hpp"
 #include "cuda/decode_cuda.hpp"
 #include "cuda_test_util.hpp"
 #include "kv_dequant8_kernels.hpp"
@@ -461,6 +464,59 @@ TEST(CudaQuantKVCache, UnsupportedCombinationsNameThemselves) {
       EXPECT_NE(m.find("not compiled"), std::string::npos) << m;
     }
   }
+}
+
+/// token_affine K / V (int8 / int4) whose channel groups are not a multiple of 16: the decode folds one group per MMA
+/// k-slice (16 channels), so the plan refuses them with an UnsupportedError naming the half (k_cache / v_cache), its
+/// format, the expected and the actual group size, before any metadata is read or anything is launched. The
+/// kv_cache_dtype grammar only offers int8 / int4 groups of 32..256 channels (and KIVI, whose V groups are 16..128 and
+/// which the device refuses earlier), so the description — an int4 half with groups of 8 channels (int4: compiled in
+/// every CUDA build, gpu-ci's too) — is handed to the CUDA backend's plan as a core::DecodeProblem directly, with real
+/// device buffers.
+TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
+  EXPECT_TRUE(cuda::decode_backend_registered());
+  constexpr int d = 64, hk = 2, h = 8, page = 16, pages = 2;  // head_dim 64: in every CUDA build
+  const int64_t lens[] = {20};
+  const std::vector<int32_t> table = {0, 1};
+  DevBuf dt(table.size() * 4), dlen(4), dq(h * d * 2), dout(h * d * 2);
+  dt.upload(table);
+  dlen.upload(std::vector<int32_t>{20});
+  const std::vector<uint16_t> out_before(h * d, 0x7fc0);  // bf16 NaN: the plan must leave out untouched
+  dout.upload(out_before);
+  for (int bad_half = 0; bad_half < 2; ++bad_half) {
+    const char* name = bad_half == 0 ? "k_cache" : "v_cache";
+    SCOPED_TRACE(name);
+    core::DecodeProblem p;
+    p.batch = 1, p.num_heads = h, p.num_heads_kv = hk, p.head_dim = d;
+    p.seqlen_q = p.max_seqlen_q = 1, p.max_seqlen_k = lens[0];
+    p.dtype = DType::bfloat16, p.device = Device::cuda;
+    p.q = dq.p, p.out = dout.p;
+    p.q_strides = {h * d, h * d, d}, p.out_strides = p.q_strides;
+    core::DecodeKV& pkv = p.kv;
+    pkv.device = Device::cuda, pkv.page_size = page;
+    std::vector<std::unique_ptr<DevBuf>> bufs;
+    for (int half = 0; half < 2; ++half) {
+      const kv::KVHalfFormat f = kv::describe(kv::KVFormatId::int4, false, half == bad_half ? 8 : 0, half == 0, d);
+      ASSERT_EQ(f.group, half == bad_half ? 8 : d);
+      pkv.format[half] = f;
+      pkv.format_name[half] = half == bad_half ? "int4_g8" : "int4";
+      bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.code_bytes));
+      bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.meta_bytes_per_unit));
+      kv::HalfPages& hp = pkv.pages[half];
+      hp.codes = static_cast<const uint8_t*>(bufs[bufs.size() - 2]->p);
+      hp.meta = static_cast<const uint8_t*>(bufs.back()->p);
+      hp.slot_stride = f.code_bytes, hp.head_stride = static_cast<int64_t>(page) * f.code_bytes;
+      hp.page_stride = hk * hp.head_stride;
+      hp.meta_head_stride = static_cast<int64_t>(page) * f.meta_bytes_per_unit;
+      hp.meta_page_stride = hk * hp.meta_head_stride;
+    }
+    pkv.page_table = static_cast<const int32_t*>(dt.p), pkv.page_table_stride = pages, pkv.max_pages = pages;
+    pkv.capacity = pages * page;
+    pkv.seqlens = static_cast<const int32_t*>(dlen.p), pkv.host_seqlens_k = lens;
+    expect_error<UnsupportedError>([&] { (void)core::require_decode_backend(Device::cuda).plan(p); }, "",
+                                   {name, "int4_g8", "multiple of 16", "expected", "got groups of 8"});
+  }
+  EXPECT_EQ(dout.download<uint16_t>(out_before.size()), out_before);
 }
 
 }  // namespace
