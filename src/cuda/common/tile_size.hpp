@@ -69,6 +69,19 @@ constexpr FwdTileSm90Ws fwd_tile_sm90ws(int head_dim) {
     default: return {false, 128, 64, 64, 2};
   }
 }
+/// The FP8 (e4m3) sm90ws forward (sm90/mainloop_fwd_tma_ws_fp8.cuh): kBlockM = 128, kBlockN keys (multiples of 32:
+/// the k32 wgmma of P V), kStages-deep K, raw V and transposed V rings. FA3's FP8 tiles for kBlockM = 128 (hd128
+/// N224, hd256 N128; hd64 uses 192 x 160 there) within 227 KiB: hd64 N192 (89 KiB), hd128 N224 (185 KiB), hd256 N128
+/// (226 KiB). Softcap: narrower (the tanh per score costs registers, as in the 16-bit kernels). Not yet tuned on the
+/// H200.
+constexpr FwdTileSm90Ws fwd_tile_sm90ws_fp8(int head_dim) {
+  switch (head_dim) {
+    case 64: return {true, 128, 192, 160, 2};
+    case 128: return {true, 128, 192, 160, 2};
+    case 256: return {true, 128, 96, 64, 2};
+    default: return {false, 128, 64, 64, 2};
+  }
+}
 /// The FA1-loop-order forward (progression benchmark): fixed 64 x 64, 4 warps.
 constexpr FwdTile fwd_v1_tile() { return {64, 64, 4}; }
 
