@@ -70,10 +70,10 @@ constexpr FwdTileSm90Ws fwd_tile_sm90ws(int head_dim) {
   }
 }
 /// The FP8 (e4m3) sm90ws forward (sm90/mainloop_fwd_tma_ws_fp8.cuh): kBlockM = 128, kBlockN keys (multiples of 32:
-/// the k32 wgmma of P V), kStages-deep K, raw V and transposed V rings. FA3's FP8 tiles for kBlockM = 128 (hd128
-/// N224, hd256 N128; hd64 uses 192 x 160 there) within 227 KiB: hd64 N192 (89 KiB), hd128 N224 (185 KiB), hd256 N128
-/// (226 KiB). Softcap: narrower (the tanh per score costs registers, as in the 16-bit kernels). Not yet tuned on the
-/// H200.
+/// the k32 wgmma of P V), kStages-deep K, raw V and transposed V rings. The widest tiles whose K/V loop keeps the
+/// unmasked path free of local memory at 240 registers (SASS; FA3's hd128 N224 and hd256 N128 spill in the loop
+/// here): hd64 N192 (81 KiB), hd128 N192 (161 KiB), hd256 N96 (177 KiB); softcap (a tanh per score) N160 / N160 / N64.
+/// Not yet tuned on the H200.
 constexpr FwdTileSm90Ws fwd_tile_sm90ws_fp8(int head_dim) {
   switch (head_dim) {
     case 64: return {true, 128, 192, 160, 2};

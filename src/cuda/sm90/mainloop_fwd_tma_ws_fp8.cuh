@@ -94,10 +94,17 @@ struct FwdMainloopTmaWsFp8 {
   using TileQh = SwizzledTile8<64, kHeadDim, kWQ>;  ///< one consumer warpgroup's 64 Q rows
   using TileKV = SwizzledTile8<kBlockN, kHeadDim, kWQ>;
   using TileVt = SwizzledTile8<kHeadDim, kBlockN, kWT>;
-  static constexpr int kStageCols = kHeadDim >= 128 ? kHeadDim / 2 : kHeadDim;  ///< O staging pass (bf16 columns)
-  using TileStage = PanelTile<64, kStageCols>;
-  /// Q halves (TMA boxes of 64 rows) and, later, the warpgroup's O staging: whichever is larger.
-  static constexpr int kQHalfStride = TileQh::kBytes > TileStage::kBytes ? TileQh::kBytes : TileStage::kBytes;
+  /// The epilogue stages O through the warpgroup's own Q rows, the Q half tile read as bfloat16: kHeadDim / 2 columns
+  /// per pass, two passes; each warp's staging rows are exactly its Q rows' bytes.
+  struct TileStage {
+    static constexpr int kCols = kHeadDim / 2, kChunks = kCols / 8;
+    __device__ __forceinline__ static uint32_t offset(int row, int chunk) { return TileQh::offset(row, chunk); }
+    __device__ __forceinline__ static uint32_t offset_elem(int row, int col) {
+      return TileQh::offset(row, col >> 3) + static_cast<uint32_t>((col & 7) * 2);
+    }
+  };
+  static constexpr int kStageCols = TileStage::kCols;
+  static constexpr int kQHalfStride = TileQh::kBytes;
   static constexpr int kMaxOffset = 8;
   using Softmax = OnlineSoftmax<1, true, 0, kMaxOffset, 0>;
   using MmaS = WgmmaTag<kBlockN, T>;
@@ -230,6 +237,7 @@ struct FwdMainloopTmaWsFp8 {
       const int st = stage(transposed);
       mbar_wait(ml.bar_v_full(st), parity(transposed));
       mbar_wait(ml.bar_vt_empty(st), parity(transposed) ^ 1u);
+      __syncwarp();  // ldmatrix / stmatrix are .aligned: the lanes leave their waits together
       transpose_v_tile<TileKV, TileVt>(ml.sV(st), ml.sVt(st));
       fence_proxy_async();  // the generic-proxy stores become visible to the consumers' wgmma (async proxy)
       named_bar_sync(kBarTranspose, 128);
