@@ -127,22 +127,6 @@ Fp8Data make_data(const Fp8Case& c, std::mt19937_64& rng) {
   return r;
 }
 
-/// View of a [rows..., heads, d] tensor with head pitch `pitch` (bytes per element `es` only matter for allocation).
-TensorView view4(void* data, DType t, bool varlen, int64_t b, int64_t s, int64_t h, int64_t d, int64_t pitch) {
-  TensorView v;
-  v.data = data, v.dtype = t, v.device = Device::cuda;
-  if (varlen) {
-    v.ndim = 3;
-    v.shape[0] = s, v.shape[1] = h, v.shape[2] = d;
-    v.strides[0] = h * pitch, v.strides[1] = pitch, v.strides[2] = 1;
-  } else {
-    v.ndim = 4;
-    v.shape[0] = b, v.shape[1] = s, v.shape[2] = h, v.shape[3] = d;
-    v.strides[0] = s * h * pitch, v.strides[1] = h * pitch, v.strides[2] = pitch, v.strides[3] = 1;
-  }
-  return v;
-}
-
 /// Device tensors of one case and the problem over them.
 struct Fp8Run {
   DevBuf q, k, v, out, lse, cu_q, cu_k, dq, dk, dv;
@@ -182,10 +166,10 @@ struct Fp8Run {
     dv.upload(descale_store(c, r.v.descale, batch));
     out.poison(), lse.poison();
     const int64_t sq = varlen ? r.cu_q.back() : c.seqlen_q, sk = varlen ? r.cu_k.back() : c.seqlen_k;
-    qv = view4(q.p, DType::float8_e4m3fn, varlen, batch, sq, c.heads, c.head_dim, pitch);
-    kv = view4(k.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
-    vv = view4(v.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
-    ov = view4(out.p, DType::bfloat16, varlen, batch, sq, c.heads, c.head_dim, pitch);
+    qv = view(q.p, DType::float8_e4m3fn, varlen, batch, sq, c.heads, c.head_dim, pitch);
+    kv = view(k.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
+    vv = view(v.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
+    ov = view(out.p, DType::bfloat16, varlen, batch, sq, c.heads, c.head_dim, pitch);
     lv = varlen ? dev_view(lse, DType::float32, {c.heads, r.cu_q.back()})
                 : dev_view(lse, DType::float32, {batch, c.heads, c.seqlen_q});
     cqv = dev_view(cu_q, DType::int32, {batch + 1});
