@@ -21,6 +21,10 @@ Sections (FA3-paper conventions, docs/engineering.md):
            conversion + validation in Python on every call) and "flashkv C ABI" through the same raw ctypes call as
            the previous release; do_bench times one call per flush, so where the kernel is shorter than the host's
            per-call cost (batch 1) the Python row shows that cost. "C ABI / prev" is the like-for-like ratio.
+  fp8      the prefill grid's forward with float8_e4m3fn q/k/v (bfloat16 out, per-(batch, kv head) descales): flashkv
+           (kernel family sm90ws, the FP8 mainloop) next to FA3's FP8 forward (fa3_fwd_interface.flash_attn_func with
+           the same e4m3 tensors and descales) and flashkv's own bf16 sm90ws forward; same FLOP formula; the max
+           |flashkv - FA3| of the FP8 outputs is reported as a sanity check.
   progression  naive (S and P materialized, PyTorch ops), v1 order (flashkv Algorithm.v1_order), v2 (flashkv tiled).
 Timing: triton.testing.do_bench (CUDA events, L2 flushed between calls, median). Results: JSON + markdown in --out.
 """
@@ -247,6 +251,67 @@ def prefill(dims, seqlens, modes, check):
     return rows
 
 
+def fa3_fp8(q8, k8, v8, causal, descales):
+    """FA3's FP8 forward on the same e4m3 tensors (descales passed when the wheel's interface takes them)."""
+    try:
+        return FA3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=descales[0], k_descale=descales[1],
+                                   v_descale=descales[2])
+    except TypeError:  # an interface without descales: unit scales, as the flashkv call's are compared below
+        return FA3.flash_attn_func(q8, k8, v8, causal=causal)
+
+
+def fp8_prefill(dims, seqlens):
+    """The prefill grid's forward in FP8 (module docstring, section fp8)."""
+    rows = []
+    e4m3 = torch.float8_e4m3fn
+    for d in dims:
+        for s in seqlens:
+            bsz, h = max(1, 16384 // s), 2048 // d
+            qb = torch.randn(bsz, s, h, d, dtype=DT, device="cuda")
+            kb, vb = torch.randn_like(qb), torch.randn_like(qb)
+            q8, k8, v8 = (x.to(e4m3) for x in (qb, kb, vb))
+            ds = [torch.full((bsz, h), 1.0, dtype=torch.float32, device="cuda") for _ in range(3)]
+            for causal in (False, True):
+                fns = {"flashkv_fp8": lambda: flashkv.attention(q8, k8, v8, causal=causal, kernel="sm90ws",
+                                                                q_descale=ds[0], k_descale=ds[1], v_descale=ds[2]),
+                       "flashkv_bf16_sm90ws": lambda: fk_forward(qb, kb, vb, causal, kernel="sm90ws")}
+                if FA3 is not None:
+                    fns["fa3_fp8"] = lambda: fa3_fp8(q8, k8, v8, causal, ds)
+                outs = {}
+                for name, fn in fns.items():
+                    try:
+                        r = timed(dict(d=d, s=s, b=bsz, h=h, causal=causal, backend=name, mode="fwd"), fn)
+                        r["tflops"] = flops(bsz, h, s, s, d, causal, "fwd") / r["ms"] / 1e9
+                        o = fn()
+                        outs[name] = o[0] if isinstance(o, tuple) else o
+                        rows.append(r)
+                    except Exception as e:  # noqa: BLE001 — a backend may not support a shape
+                        rows.append(dict(d=d, s=s, causal=causal, backend=name, mode="fwd", err=str(e)[:160]))
+                    print(f"  {rows[-1]}", flush=True)
+                if "flashkv_fp8" in outs and "fa3_fp8" in outs:
+                    err = (outs["flashkv_fp8"].float() - outs["fa3_fp8"].float()).abs().max().item()
+                    rows.append(dict(d=d, s=s, causal=causal, backend="check", mode="fwd", max_abs_diff=err))
+            del qb, kb, vb, q8, k8, v8
+            torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_table(rows, paths):
+    get = {(r["d"], r["s"], r["causal"], r["backend"]): r for r in rows if "mode" in r}
+    lines = ["| d | seqlen | causal | flashkv fp8 | FA3 fp8 | flashkv fp8/FA3 fp8 | flashkv bf16 sm90ws | fp8/bf16 | "
+             "max abs(flashkv - FA3) | paths |", "|" + "---|" * 10]
+    for d, s, c in sorted({(r["d"], r["s"], r["causal"]) for r in rows}):
+        f = lambda b: (get.get((d, s, c, b)) or {}).get("tflops")  # noqa: E731
+        fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        fk, fa, bf = f("flashkv_fp8"), f("fa3_fp8"), f("flashkv_bf16_sm90ws")
+        chk = (get.get((d, s, c, "check")) or {}).get("max_abs_diff")
+        lines.append(f"| {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(fa)} | {ratio(fk, fa)} | {fmt(bf)} | "
+                     f"{ratio(fk, bf)} | {f'{chk:.3g}' if chk is not None else '-'} | "
+                     f"{paths.ref(get.get((d, s, c, 'flashkv_fp8')), get.get((d, s, c, 'flashkv_bf16_sm90ws')))} |")
+    return "\n".join(lines)
+
+
 def flex_rows(configs):
     rows = []
     try:
@@ -432,7 +497,7 @@ def run_prev(path, sections, quick):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a subset of the grid (seqlen 1k/4k/16k)")
-    ap.add_argument("--sections", default="prefill,decode,progression,flex")
+    ap.add_argument("--sections", default="prefill,fp8,decode,progression,flex")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--prev-library", help="the previous release's libflashkv.so: its numbers join the tables")
     ap.add_argument("--prev-worker", help=argparse.SUPPRESS)  # internal: time only this library, write prev.json
@@ -460,6 +525,8 @@ def main():
     print("ceilings", res["ceilings"], flush=True)
     if "prefill" in sections:
         res["prefill"] = prefill((64, 128, 256), seqlens, ("fwd", "fwdbwd"), check=True)
+    if "fp8" in sections:
+        res["fp8"] = fp8_prefill((64, 128, 256), seqlens)
     if "flex" in sections:
         res["flex"] = flex_rows(((128, 8192), (64, 8192)))
     if "decode" in sections:
@@ -494,6 +561,12 @@ def main():
         md += paths.notes() + [""]
         checks = [r for r in res["prefill"] if r["backend"] == "check"]
         md += [f"Max |flashkv - SDPA flash| over the benchmark inputs: {max(r['max_abs_diff'] for r in checks):.3g}", ""]
+    if "fp8" in res:
+        paths = Paths()
+        md += ["## Prefill forward, FP8 e4m3 (bf16 out), TFLOP/s (16k tokens/batch, hidden 2048); FA3 = "
+               "fa3_fwd_interface.flash_attn_func on the same e4m3 tensors" + ("" if FA3 is not None else
+                                                                               " (not installed: column empty)"),
+               fp8_table(res["fp8"], paths), ""] + paths.notes() + [""]
     if "flex" in res:
         md += ["## FlexAttention (fwd, TFLOP/s)"] + [
             f"- d={r['d']} s={r['s']} causal={int(r['causal'])}: {r['tflops']:.0f}" if "tflops" in r else f"- {r}"

@@ -17,6 +17,15 @@
 // Strides arbitrary except the last dimension, which must be contiguous.
 //
 // DTYPES: q, k, v, out, dout, dq, dk, dv all float32, float16 or bfloat16 (one dtype for all); accumulation in float32.
+//   FP8 (forward only, CUDA, kernel family sm90ws on Hopper): q, k, v float8_e4m3fn, out bfloat16, lse float32, with
+//   optional dequantization scales AttentionOptions::q_descale / k_descale / v_descale (float32, per tensor: shape []
+//   or [1]; or per (batch, kv head): shape [batch, num_heads_kv], any strides). The result is attention on the
+//   dequantized values q8·q_descale, k8·k_descale, v8·v_descale (query head h uses the descales of its kv head):
+//   s = (q8·k8)·q_descale·k_descale·softmax_scale (float32 scores), P = exp(s − m) rounded to e4m3 for P·V (scaled by
+//   2^8 first, FA3's max offset), out = (P·v8)·v_descale / l in float32, rounded once to bfloat16; lse from the
+//   unrounded P. Accuracy: the FA3-paper outlier study and the error bound of the tests are in docs/gpu.md ("FP8").
+//   Incoherent processing (a Hadamard rotation of q and k along head_dim, FA3 §3.3) is a host-side step:
+//   python/flashkv/fp8.py. FP8 on the CPU, on other GPUs or families, or in a backward is an UnsupportedError.
 //
 // MASK (position i of the query, j of the key, both 0-based within their sequence; shift = seqlen_k − seqlen_q):
 //   visible(i, j) = (window_size_left  < 0 || j >= i + shift − window_size_left)
@@ -120,6 +129,12 @@ struct AttentionOptions {
   int32_t num_threads = 0;             ///< CPU: 0 = OpenMP default (OMP_NUM_THREADS); must be >= 0
   void* stream = nullptr;              ///< CUDA: cudaStream_t (nullptr = legacy default stream)
   KernelFamily kernel_family = KernelFamily::automatic;  ///< CUDA: which kernel family runs (see KernelFamily)
+  /// FP8 forward only (q, k, v float8_e4m3fn; DTYPES above): dequantization scales, float32 on q's device, shape []
+  /// or [1] (per tensor) or [batch, num_heads_kv] (per sequence and kv head; strides >= 0, 0 broadcasts). nullptr
+  /// means 1. Given with other dtypes: flashkv::Error naming it. The views must stay valid during the call only.
+  const TensorView* q_descale = nullptr;
+  const TensorView* k_descale = nullptr;
+  const TensorView* v_descale = nullptr;
 };
 
 /// Fixed-length forward. `lse` may be nullptr. See the file comment for shapes, mask and errors.

@@ -52,7 +52,8 @@ typedef enum {
   FLASHKV_DTYPE_BFLOAT16 = 2,
   FLASHKV_DTYPE_INT32 = 3,
   FLASHKV_DTYPE_FLOAT64 = 4,
-  FLASHKV_DTYPE_UINT8 = 5
+  FLASHKV_DTYPE_UINT8 = 5,
+  FLASHKV_DTYPE_FLOAT8_E4M3FN = 6 /* torch.float8_e4m3fn: the FP8 attention forward's q/k/v (CUDA sm90ws) */
 } flashkv_dtype;
 
 typedef enum { FLASHKV_DEVICE_CPU = 0, FLASHKV_DEVICE_CUDA = 1 } flashkv_device;
@@ -93,6 +94,12 @@ typedef struct {
   int32_t num_threads;       /* CPU; 0 = default */
   void* stream;              /* CUDA: cudaStream_t */
   int32_t kernel_family;     /* flashkv_kernel_family; appended after stream: a smaller struct_size means AUTO */
+  /* FP8 forward only (q/k/v FLASHKV_DTYPE_FLOAT8_E4M3FN, out bfloat16): dequantization scales, float32 tensors of
+   * shape [] or [1] (per tensor) or [batch, num_heads_kv] on q's device; NULL = 1 (flashkv::AttentionOptions::
+   * q_descale; include/flashkv/attention.hpp, DTYPES). Appended last: a smaller struct_size means NULL. */
+  const flashkv_tensor* q_descale;
+  const flashkv_tensor* k_descale;
+  const flashkv_tensor* v_descale;
 } flashkv_attention_options;
 
 FLASHKV_API const char* flashkv_version(void);

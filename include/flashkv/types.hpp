@@ -19,6 +19,8 @@ enum class DType : int32_t {
   int32 = 3,     ///< for cu_seqlens / page tables
   float64 = 4,   ///< references and tests only; attention kernels reject it
   uint8 = 5,     ///< packed quantized codes
+  float8_e4m3fn = 6,  ///< OCP FP8 E4M3 "fn" (torch.float8_e4m3fn): 4-bit exponent (bias 7), 3-bit mantissa, no
+                      ///< infinities, NaN = S.1111.111, max 448; the CUDA FP8 attention forward's q/k/v
 };
 
 /// Where a tensor's memory lives. Values are part of the C ABI (FLASHKV_DEVICE_*).
@@ -26,7 +28,8 @@ enum class Device : int32_t { cpu = 0, cuda = 1 };
 
 /// Size in bytes of one element of `t`.
 std::size_t dtype_size(DType t);
-/// Lower-case name as users write it: "float32", "float16", "bfloat16", "int32", "float64", "uint8".
+/// Lower-case name as users write it: "float32", "float16", "bfloat16", "int32", "float64", "uint8",
+/// "float8_e4m3fn".
 const char* dtype_name(DType t);
 const char* device_name(Device d);
 

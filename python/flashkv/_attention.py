@@ -15,6 +15,10 @@ Varlen (packed): q [total_q, num_heads, head_dim], k/v [total_k, num_heads_kv, h
 
 dtypes: float32, float16, bfloat16 (one dtype for q, k, v, dout, out); float32 accumulation; outputs in the input dtype.
 bfloat16 is either an ``ml_dtypes.bfloat16`` numpy array or a uint16 array of bit patterns with ``dtype="bfloat16"``.
+FP8 (forward only, CUDA kernel family sm90ws on Hopper): torch.float8_e4m3fn q, k, v give a bfloat16 out, with optional
+float32 dequantization scales q_descale / k_descale / v_descale of shape () or (1,) (per tensor) or
+(batch, num_heads_kv); the result is attention on q * q_descale, k * k_descale, v * v_descale (flashkv.fp8 quantizes
+and applies the Hadamard rotation of FA3's incoherent processing).
 
 Mask (i = query position, j = key position within a sequence, shift = seqlen_k - seqlen_q):
     visible(i, j) = (left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)
@@ -157,6 +161,25 @@ def _set_kernel(o: L.AttentionOptions, kernel: str) -> L.AttentionOptions:
     return o
 
 
+def _set_descales(o: L.AttentionOptions, descales: dict[str, Any]) -> list[TensorArg]:
+    """Points the options at the FP8 dequantization scales that were given (the library checks dtype float32, shape
+    () / (1,) / (batch, num_heads_kv), device and that q is float8_e4m3fn: TypeError / ValueError naming them).
+    Returns the converted tensors, which must stay alive until the call returns."""
+    keep: list[TensorArg] = []
+    for name, x in descales.items():
+        if x is None:
+            continue
+        field = getattr(type(o), name)
+        if o.struct_size < field.offset + ctypes.sizeof(ctypes.c_void_p):
+            raise L.UnsupportedError(
+                f"flashkv: argument '{name}': needs a flashkv library with FP8 attention (the loaded one predates it)"
+            )
+        t = to_tensor(x, name)
+        setattr(o, name, ctypes.pointer(t.c))
+        keep.append(t)
+    return keep
+
+
 def _grads_like(tq: TensorArg, tk: TensorArg, tv: TensorArg) -> tuple[TensorArg, TensorArg, TensorArg]:
     """dq, dk, dv outputs shaped like q, k, v (same kind and dtype as q)."""
     return new_output(tq, tq.shape, "dq"), new_output(tq, tk.shape, "dk"), new_output(tq, tv.shape, "dv")
@@ -252,6 +275,9 @@ def attention(
     dtype: str | None = None,
     num_threads: int = 0,
     kernel: str = "auto",
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Any:
     """Fixed-length exact attention forward.
 
@@ -270,12 +296,15 @@ def attention(
             without mask, else sm90; elsewhere sm80),
             "sm80", "sm90" or "sm90ws" (forward only); a family the GPU or build cannot run raises
             flashkv.UnsupportedError. CPU tensors take only "auto".
+        q_descale, k_descale, v_descale: FP8 only (torch.float8_e4m3fn q/k/v on a Hopper GPU; module docstring):
+            float32 tensors of shape () / (1,) / (batch, num_heads_kv), None = 1.
     Returns:
-        out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q; (out, lse) if
-        return_lse.
+        out [batch, seqlen_q, num_heads, head_dim_v] of the same kind (numpy/torch) and dtype as q (bfloat16 for
+        float8_e4m3fn q); (out, lse) if return_lse.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
     _set_kernel(o, kernel)
+    _keep = _set_descales(o, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale})
     _need_rank(tq, 4, "[batch, seqlen_q, num_heads, head_dim]")
     _need_rank(tv, 4, "[batch, seqlen_k, num_heads_kv, head_dim_v]")
     out = new_output(tq, tq.shape[:3] + tv.shape[3:], "out")
@@ -348,6 +377,9 @@ def attention_varlen(
     dtype: str | None = None,
     num_threads: int = 0,
     kernel: str = "auto",
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Any:
     """Varlen (packed) forward: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against the matching k/v rows.
 
@@ -355,10 +387,12 @@ def attention_varlen(
     (0 first, non-decreasing, last = total; other integer dtypes such as numpy's default int64, and lists of ints,
     are converted to int32 after a bounds check). max_seqlen_q/k default to the longest sequence (computed from CPU
     cu_seqlens; required for device tensors). Returns out [total_q, num_heads, head_dim_v] (and lse
-    [num_heads, total_q] float32 if return_lse). Mask and options (kernel too) as in `attention`, per sequence.
+    [num_heads, total_q] float32 if return_lse). Mask and options (kernel, FP8 descales of shape (batch,
+    num_heads_kv) with batch = len(cu_seqlens_q) - 1, too) as in `attention`, per sequence.
     """
     o, _, tq, tk, tv = _prepare(dtype, q, k, v, causal, window_size, softcap, softmax_scale, algorithm, num_threads)
     _set_kernel(o, kernel)
+    _keep = _set_descales(o, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale})
     tcq, tck = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), _cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     _need_rank(tq, 3, "[total_q, num_heads, head_dim]")
     _need_rank(tv, 3, "[total_k, num_heads_kv, head_dim_v]")

@@ -27,7 +27,7 @@ MAX_DIMS = 8  # FLASHKV_MAX_DIMS
 # flashkv_status
 OK, INVALID_ARGUMENT, TYPE, UNSUPPORTED, CAPACITY, IO, INTERNAL = range(7)
 # flashkv_dtype
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "float64": 4, "uint8": 5}
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3, "float64": 4, "uint8": 5, "float8_e4m3fn": 6}
 # flashkv_device
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 # flashkv_algorithm
@@ -83,6 +83,10 @@ class AttentionOptions(ctypes.Structure):
         ("num_threads", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
         ("kernel_family", ctypes.c_int32),
+        # FP8 forward dequantization scales (NULL = 1)
+        ("q_descale", ctypes.POINTER(Tensor)),
+        ("k_descale", ctypes.POINTER(Tensor)),
+        ("v_descale", ctypes.POINTER(Tensor)),
     ]
 
 

@@ -6,7 +6,8 @@ Accepted inputs (checked in this order):
   * numpy arrays and any object exposing ``__array_interface__`` (viewed through ``numpy.asarray``, no copy);
   * any object exposing ``__dlpack__`` on the CPU (viewed through ``numpy.from_dlpack``, no copy).
 
-dtypes: float32, float16, bfloat16 for attention tensors; int32 for cu_seqlens; float32 for lse. bfloat16 comes either
+dtypes: float32, float16, bfloat16 for attention tensors (float8_e4m3fn q/k/v for the CUDA FP8 forward, whose out is
+bfloat16); int32 for cu_seqlens; float32 for lse and FP8 descales. bfloat16 comes either
 as a numpy array whose dtype is named "bfloat16" (``ml_dtypes.bfloat16``; ml_dtypes is optional and never imported
 here) or as a uint16 array of bfloat16 bit patterns together with an explicit ``dtype="bfloat16"`` argument.
 
@@ -31,6 +32,7 @@ _TORCH_DTYPES = {
     "torch.int32": "int32",
     "torch.float64": "float64",
     "torch.uint8": "uint8",
+    "torch.float8_e4m3fn": "float8_e4m3fn",
 }
 
 
@@ -163,13 +165,23 @@ def _torch_float32(like: Any) -> Any:
 
 
 def new_output(like: TensorArg, shape: tuple, name: str, float32: bool = False) -> TensorArg:
-    """Allocates an output of the same kind/device as `like`: its dtype (or float32 if `float32`), C-contiguous."""
+    """Allocates an output of the same kind/device as `like`: its dtype (or float32 if `float32`; bfloat16 for a
+    float8_e4m3fn `like`, the FP8 forward's output type), C-contiguous."""
     shape = tuple(int(n) for n in shape)
     if like.kind == "torch":
-        t = like.obj.new_empty(shape, dtype=_torch_float32(like.obj)) if float32 else like.obj.new_empty(shape)
+        if float32:
+            t = like.obj.new_empty(shape, dtype=_torch_float32(like.obj))
+        elif like.dtype == "float8_e4m3fn":
+            import torch  # noqa: PLC0415
+
+            t = like.obj.new_empty(shape, dtype=torch.bfloat16)
+        else:
+            t = like.obj.new_empty(shape)
         return _from_torch(t, name, None)
     if float32:
         return _from_numpy(np.empty(shape, dtype=np.float32), name, None)
+    if like.dtype == "float8_e4m3fn":  # bfloat16 bit patterns (the FP8 forward runs on CUDA tensors only)
+        return _from_numpy(np.empty(shape, dtype=np.uint16), name, "bfloat16")
     return _from_numpy(np.empty(shape, dtype=like.obj.dtype), name, like.dtype if like.dtype == "bfloat16" else None)
 
 

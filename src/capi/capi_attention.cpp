@@ -20,10 +20,19 @@ constexpr bool covers(uint32_t size, std::size_t offset, std::size_t field_size)
 #define FLASHKV_OPT_COVERS(size, field) \
   covers(size, offsetof(flashkv_attention_options, field), sizeof(flashkv_attention_options::field))
 
-/// Converts the C options (NULL = defaults). Reads only the fields `struct_size` covers (older callers compiled
-/// against a shorter struct keep working); rejects sizes this library does not know.
-AttentionOptions to_options(const flashkv_attention_options* c) {
+/// The C options as C++ options; owns the descale views the options point at (so it stays where it was built).
+struct Options {
   AttentionOptions o;
+  TensorView descale[3];
+  Options() = default;
+  Options(const Options&) = delete;
+  Options& operator=(const Options&) = delete;
+};
+
+/// Converts the C options (NULL = defaults) into `out`. Reads only the fields `struct_size` covers (older callers
+/// compiled against a shorter struct keep working); rejects sizes this library does not know.
+const AttentionOptions& to_options(const flashkv_attention_options* c, Options& out) {
+  AttentionOptions& o = out.o;
   if (c == nullptr) return o;
   const uint32_t size = c->struct_size;
   if (size < offsetof(flashkv_attention_options, has_softmax_scale) || size > sizeof(flashkv_attention_options)) {
@@ -59,6 +68,17 @@ AttentionOptions to_options(const flashkv_attention_options* c) {
     }
     o.kernel_family = static_cast<KernelFamily>(c->kernel_family);
   }
+  const flashkv_tensor* descale[3] = {nullptr, nullptr, nullptr};
+  if (FLASHKV_OPT_COVERS(size, q_descale)) descale[0] = c->q_descale;
+  if (FLASHKV_OPT_COVERS(size, k_descale)) descale[1] = c->k_descale;
+  if (FLASHKV_OPT_COVERS(size, v_descale)) descale[2] = c->v_descale;
+  const char* names[3] = {"opts.q_descale", "opts.k_descale", "opts.v_descale"};
+  const TensorView** slots[3] = {&o.q_descale, &o.k_descale, &o.v_descale};
+  for (int i = 0; i < 3; ++i) {
+    if (descale[i] == nullptr) continue;
+    out.descale[i] = to_view(descale[i], names[i]);
+    *slots[i] = &out.descale[i];
+  }
   return o;
 }
 
@@ -68,6 +88,7 @@ AttentionOptions to_options(const flashkv_attention_options* c) {
 }  // namespace flashkv::capi
 
 using flashkv::capi::guard;
+using flashkv::capi::Options;
 using flashkv::capi::to_options;
 using flashkv::capi::to_view;
 
@@ -77,11 +98,12 @@ flashkv_status flashkv_attention_forward(const flashkv_tensor* q, const flashkv_
                                          const flashkv_tensor* out, const flashkv_tensor* lse,
                                          const flashkv_attention_options* opts) {
   return guard([&] {
+    Options co;
     const flashkv::TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
     const flashkv::TensorView tout = to_view(out, "out");
     flashkv::TensorView tlse;
     if (lse != nullptr) tlse = to_view(lse, "lse");
-    flashkv::attention_forward(tq, tk, tv, tout, lse != nullptr ? &tlse : nullptr, to_options(opts));
+    flashkv::attention_forward(tq, tk, tv, tout, lse != nullptr ? &tlse : nullptr, to_options(opts, co));
   });
 }
 
@@ -91,9 +113,10 @@ flashkv_status flashkv_attention_backward(const flashkv_tensor* q, const flashkv
                                           const flashkv_tensor* dk, const flashkv_tensor* dv,
                                           const flashkv_attention_options* opts) {
   return guard([&] {
+    Options co;
     flashkv::attention_backward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
                                 to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"),
-                                to_view(dv, "dv"), to_options(opts));
+                                to_view(dv, "dv"), to_options(opts, co));
   });
 }
 
@@ -103,6 +126,7 @@ flashkv_status flashkv_attention_varlen_forward(const flashkv_tensor* q, const f
                                                 int64_t max_seqlen_k, const flashkv_tensor* out,
                                                 const flashkv_tensor* lse, const flashkv_attention_options* opts) {
   return guard([&] {
+    Options co;
     const flashkv::TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v");
     const flashkv::TensorView tcq = to_view(cu_seqlens_q, "cu_seqlens_q");
     const flashkv::TensorView tck = to_view(cu_seqlens_k, "cu_seqlens_k");
@@ -110,7 +134,7 @@ flashkv_status flashkv_attention_varlen_forward(const flashkv_tensor* q, const f
     flashkv::TensorView tlse;
     if (lse != nullptr) tlse = to_view(lse, "lse");
     flashkv::attention_varlen_forward(tq, tk, tv, tcq, tck, max_seqlen_q, max_seqlen_k, tout,
-                                      lse != nullptr ? &tlse : nullptr, to_options(opts));
+                                      lse != nullptr ? &tlse : nullptr, to_options(opts, co));
   });
 }
 
@@ -122,11 +146,12 @@ flashkv_status flashkv_attention_varlen_backward(const flashkv_tensor* q, const 
                                                  const flashkv_tensor* dq, const flashkv_tensor* dk,
                                                  const flashkv_tensor* dv, const flashkv_attention_options* opts) {
   return guard([&] {
+    Options co;
     flashkv::attention_varlen_backward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
                                        to_view(cu_seqlens_q, "cu_seqlens_q"), to_view(cu_seqlens_k, "cu_seqlens_k"),
                                        max_seqlen_q, max_seqlen_k, to_view(out, "out"), to_view(lse, "lse"),
                                        to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"),
-                                       to_view(dv, "dv"), to_options(opts));
+                                       to_view(dv, "dv"), to_options(opts, co));
   });
 }
 

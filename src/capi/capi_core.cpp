@@ -19,8 +19,8 @@ TensorView to_view(const flashkv_tensor* t, const char* name) {
   if (t->ndim < 0 || t->ndim > FLASHKV_MAX_DIMS) {
     throw Error(std::string(name) + ".ndim", "0.." + std::to_string(FLASHKV_MAX_DIMS), std::to_string(t->ndim));
   }
-  if (t->dtype < FLASHKV_DTYPE_FLOAT32 || t->dtype > FLASHKV_DTYPE_UINT8) {
-    throw TypeError(std::string(name) + ".dtype", "a flashkv_dtype value 0..5", std::to_string(t->dtype));
+  if (t->dtype < FLASHKV_DTYPE_FLOAT32 || t->dtype > FLASHKV_DTYPE_FLOAT8_E4M3FN) {
+    throw TypeError(std::string(name) + ".dtype", "a flashkv_dtype value 0..6", std::to_string(t->dtype));
   }
   if (t->device != FLASHKV_DEVICE_CPU && t->device != FLASHKV_DEVICE_CUDA) {
     throw TypeError(std::string(name) + ".device", "FLASHKV_DEVICE_CPU (0) or FLASHKV_DEVICE_CUDA (1)",
@@ -65,6 +65,7 @@ flashkv_status flashkv_attention_options_default(flashkv_attention_options* opts
     opts->num_threads = d.num_threads;
     opts->stream = d.stream;
     opts->kernel_family = static_cast<int32_t>(d.kernel_family);
+    opts->q_descale = opts->k_descale = opts->v_descale = nullptr;
   });
 }
 

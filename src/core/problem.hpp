@@ -59,7 +59,8 @@ struct AttentionProblem {
   const int32_t* cu_seqlens_k = nullptr;
 
   // ---- element type and placement ---------------------------------------------------------------------------------
-  DType dtype = DType::float32;  ///< of q, k, v, out, dout, dq, dk, dv (float32 | float16 | bfloat16)
+  DType dtype = DType::float32;  ///< of q, k, v, out, dout, dq, dk, dv (float32 | float16 | bfloat16 | float8_e4m3fn)
+  DType out_dtype = DType::float32;  ///< of out: = dtype, except bfloat16 for float8_e4m3fn inputs
   Device device = Device::cpu;
   int32_t device_index = 0;
 
@@ -77,6 +78,14 @@ struct AttentionProblem {
   Strides3 q_strides, k_strides, v_strides, out_strides;
   Strides3 dout_strides, dq_strides, dk_strides, dv_strides;  ///< backward only
   LseStrides lse_strides;
+
+  /// FP8 forward: a dequantization scale, element (b, hk) at ptr[b * batch + hk * head] (float32, device pointer;
+  /// strides 0 for a per-tensor scale); ptr == nullptr means 1.
+  struct Descale {
+    const float* ptr = nullptr;
+    int64_t batch = 0, head = 0;
+  };
+  Descale q_descale, k_descale, v_descale;
 
   // ---- semantics ---------------------------------------------------------------------------------------------------
   float softmax_scale = 1.0f;     ///< resolved, finite, > 0

@@ -23,8 +23,9 @@ std::size_t dtype_size(DType t) {
     case DType::int32: return 4;
     case DType::float64: return 8;
     case DType::uint8: return 1;
+    case DType::float8_e4m3fn: return 1;
   }
-  throw Error("dtype", "one of float32, float16, bfloat16, int32, float64, uint8",
+  throw Error("dtype", "one of float32, float16, bfloat16, int32, float64, uint8, float8_e4m3fn",
               "enum value " + std::to_string(static_cast<int>(t)));
 }
 
@@ -36,6 +37,7 @@ const char* dtype_name(DType t) {
     case DType::int32: return "int32";
     case DType::float64: return "float64";
     case DType::uint8: return "uint8";
+    case DType::float8_e4m3fn: return "float8_e4m3fn";
   }
   return "unknown";
 }

@@ -30,7 +30,9 @@ std::string float_str(float f) {
   return buf;
 }
 
-bool is_attention_dtype(DType t) { return t == DType::float32 || t == DType::float16 || t == DType::bfloat16; }
+bool is_attention_dtype(DType t) {
+  return t == DType::float32 || t == DType::float16 || t == DType::bfloat16 || t == DType::float8_e4m3fn;
+}
 
 /// Full-shape check: rank, layout and every dimension.
 void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected, const char* layout) {
@@ -90,7 +92,9 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
   const char* v_layout =
       varlen ? "(total_k, num_heads_kv, head_dim_v)" : "(batch, seqlen_k, num_heads_kv, head_dim_v)";
   check_rank_and_layout(q, "q", 3 + off, q_layout);
-  if (!is_attention_dtype(q.dtype)) throw TypeError("q", "float32, float16 or bfloat16", dtype_name(q.dtype));
+  if (!is_attention_dtype(q.dtype)) {
+    throw TypeError("q", "float32, float16, bfloat16 or float8_e4m3fn (forward only)", dtype_name(q.dtype));
+  }
   check_rank_and_layout(k, "k", 3 + off, k_layout);
   check_like_q(k, "k", q);
   check_rank_and_layout(v, "v", 3 + off, v_layout);
@@ -124,7 +128,14 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
   } else {
     check_shape(out, "out", {p.batch, rows_q, p.num_heads, p.head_dim_v}, "(batch, seqlen_q, num_heads, head_dim_v)");
   }
-  check_like_q(out, "out", q);
+  if (q.dtype == DType::float8_e4m3fn) {  // the FP8 forward writes bfloat16 (FA3's output type)
+    if (out.dtype != DType::bfloat16) {
+      throw TypeError("out", "bfloat16 (the output of float8_e4m3fn attention)", dtype_name(out.dtype));
+    }
+    check_same_device(out, "out", q, "q");
+  } else {
+    check_like_q(out, "out", q);
+  }
 
   check_data(q, "q");
   check_data(k, "k");
@@ -141,6 +152,7 @@ void check_qkv_out(const TensorView& q, const TensorView& k, const TensorView& v
     p.total_k = p.batch * rows_k;
   }
   p.dtype = q.dtype;
+  p.out_dtype = out.dtype;
   p.device = q.device;
   p.device_index = q.device_index;
   bind(q, varlen, p.q, p.q_strides);
@@ -179,6 +191,10 @@ void check_backward_tensors(const TensorView& q, const TensorView& k, const Tens
     check_like_q(t, name, q);
     check_data(t, name);
   };
+  if (q.dtype == DType::float8_e4m3fn) {
+    throw UnsupportedError("flashkv: attention_backward has no float8_e4m3fn kernels (FP8 attention is forward-only, "
+                           "as in FlashAttention-3); run the backward on bfloat16 or float16 tensors");
+  }
   same_shape(dout, "dout", out, "out");
   same_shape(dq, "dq", q, "q");
   same_shape(dk, "dk", k, "k");
@@ -188,6 +204,45 @@ void check_backward_tensors(const TensorView& q, const TensorView& k, const Tens
   bind(dk, varlen, p.dk, p.dk_strides);
   bind(dv, varlen, p.dv, p.dv_strides);
   p.is_backward = true;
+}
+
+/// One FP8 dequantization scale: float32 on the inputs' device, shape [] / [1] (per tensor) or [batch, num_heads_kv].
+AttentionProblem::Descale check_descale(const TensorView* t, const char* name, const AttentionProblem& p) {
+  AttentionProblem::Descale d;
+  if (t == nullptr) return d;
+  if (p.dtype != DType::float8_e4m3fn) {
+    throw Error(name, "nullptr (dequantization scales are for float8_e4m3fn q/k/v only)",
+                std::string("a tensor with q.dtype ") + dtype_name(p.dtype));
+  }
+  if (t->dtype != DType::float32) throw TypeError(name, "float32", dtype_name(t->dtype));
+  if (t->device != p.device || t->device_index != p.device_index) {
+    throw TypeError(name, std::string("device ") + device_name(p.device) + ":" + str(p.device_index) + " (= q)",
+                    std::string(device_name(t->device)) + ":" + str(t->device_index));
+  }
+  const std::string per_head = "shape [] or [1] (per tensor) or [" + str(p.batch) + ", " + str(p.num_heads_kv) +
+                               "] (batch, num_heads_kv)";
+  if (t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)) {
+    // per tensor: strides 0
+  } else if (t->ndim == 2 && t->shape[0] == p.batch && t->shape[1] == p.num_heads_kv) {
+    if (t->strides[0] < 0 || t->strides[1] < 0) throw Error(name, "non-negative strides", t->describe());
+    d.batch = t->strides[0];
+    d.head = t->strides[1];
+  } else {
+    throw Error(name, per_head, t->describe());
+  }
+  if (t->data == nullptr && (p.batch > 0 || t->ndim < 2)) throw Error(name, "a non-null data pointer", "nullptr");
+  d.ptr = static_cast<const float*>(t->data);
+  return d;
+}
+
+void check_descales(const AttentionOptions& o, AttentionProblem& p) {
+  p.q_descale = check_descale(o.q_descale, "q_descale", p);
+  p.k_descale = check_descale(o.k_descale, "k_descale", p);
+  p.v_descale = check_descale(o.v_descale, "v_descale", p);
+  if (p.dtype == DType::float8_e4m3fn && p.device == Device::cpu) {
+    throw UnsupportedError("flashkv: float8_e4m3fn attention runs on CUDA only (kernel family 'sm90ws', a Hopper "
+                           "GPU); the tensors are on the CPU (dequantize to bfloat16 or float32 for the CPU)");
+  }
 }
 
 void check_options(const AttentionOptions& o, AttentionProblem& p) {
@@ -216,6 +271,8 @@ void check_options(const AttentionOptions& o, AttentionProblem& p) {
     throw UnsupportedError(std::string("flashkv: kernel_family '") + kernel_family_name(o.kernel_family) +
                            "' selects a CUDA kernel family, but the tensors are on the CPU (use 'auto')");
   }
+
+  check_descales(o, p);
 
   p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
   p.window_size_left = o.window_size_left;

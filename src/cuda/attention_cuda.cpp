@@ -25,9 +25,13 @@ TensorStrides strides_of(const core::Strides3& s) { return TensorStrides{s.batch
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool strides_ok(const core::Strides3& s) { return s.batch % 8 == 0 && s.row % 8 == 0 && s.head % 8 == 0; }
+bool strides16_ok(const core::Strides3& s) { return s.batch % 16 == 0 && s.row % 16 == 0 && s.head % 16 == 0; }
 
 void check_supported(const core::AttentionProblem& pr) {
-  if (pr.dtype != DType::bfloat16 && pr.dtype != DType::float16) {
+  if (pr.dtype == DType::float8_e4m3fn && pr.is_backward) {  // validation rejects it first; kept for direct callers
+    throw UnsupportedError("flashkv: the CUDA backend has no float8_e4m3fn backward (FP8 attention is forward-only)");
+  }
+  if (pr.dtype != DType::bfloat16 && pr.dtype != DType::float16 && pr.dtype != DType::float8_e4m3fn) {
     throw UnsupportedError(std::string("flashkv: the CUDA backend computes in bfloat16 or float16; dtype ") +
                            dtype_name(pr.dtype) + " is only supported on the CPU");
   }
@@ -75,6 +79,10 @@ void fill_common(const core::AttentionProblem& pr, FwdParams& p) {
   p.softcap = sc.softcap;
   p.score_scale = sc.score_scale;
   p.softmax_scale_log2 = sc.softmax_scale_log2;
+  auto descale = [](const core::AttentionProblem::Descale& d) { return DescaleView{d.ptr, d.batch, d.head}; };
+  p.q_descale = descale(pr.q_descale);
+  p.k_descale = descale(pr.k_descale);
+  p.v_descale = descale(pr.v_descale);
 }
 
 /// The path report of one call (core::record_path): e.g. "attention_forward cuda sm90 fwd hdim128 bfloat16 causal
@@ -102,6 +110,10 @@ void record(const char* entry, const core::AttentionProblem& pr, const KernelEnt
 }
 
 int64_t round_up8(int64_t d) { return (d + 7) / 8 * 8; }
+/// The head dim the kernels see: a multiple of 16 bytes (8 16-bit elements, 16 FP8 elements).
+int64_t padded_head_dim(const core::AttentionProblem& pr) {
+  return pr.dtype == DType::float8_e4m3fn ? (pr.head_dim + 15) / 16 * 16 : round_up8(pr.head_dim);
+}
 
 /// Rows/batch of a tensor as seen by pad_copy (packed varlen tensors are one batch of total rows).
 struct RowsView {
@@ -117,15 +129,17 @@ TensorStrides contiguous_strides(const core::AttentionProblem& pr, int64_t rows,
   return TensorStrides{pr.is_varlen ? 0 : rows * heads * dpad, heads * dpad, dpad};
 }
 
-/// A padded contiguous copy of one [batch, rows, heads, head_dim] operand.
+/// A padded contiguous copy of one [batch, rows, heads, head_dim] operand of elem_bytes-byte elements.
 struct Padded {
   DeviceBuffer buf;
   TensorStrides s;
   Padded(const core::AttentionProblem& pr, const void* src, const core::Strides3& src_s, RowsView rv, int64_t heads,
-         int64_t dpad, bool copy_in, cudaStream_t st)
-      : buf(static_cast<size_t>(rv.batch * rv.rows * heads * dpad) * 2, st),
+         int64_t dpad, bool copy_in, cudaStream_t st, int elem_bytes = 2)
+      : buf(static_cast<size_t>(rv.batch * rv.rows * heads * dpad) * elem_bytes, st),
         s(contiguous_strides(pr, rv.rows, heads, dpad)) {
-    if (copy_in) pad_copy(src, strides_of(src_s), buf.get(), rv.batch, rv.rows, heads, pr.head_dim, dpad, st);
+    if (copy_in) {
+      pad_copy(src, strides_of(src_s), buf.get(), rv.batch, rv.rows, heads, pr.head_dim, dpad, st, elem_bytes);
+    }
   }
 };
 
@@ -138,8 +152,10 @@ bool tma_strides_ok(const core::Strides3& s, bool varlen) {
 /// Whether the inputs must be copied into padded contiguous buffers first (head_dim not a multiple of 8, pointers or
 /// strides not 16-byte aligned; for a TMA kernel also non-positive strides).
 bool needs_padding(const core::AttentionProblem& pr, bool tma = false) {
-  bool ok = pr.head_dim % 8 == 0 && aligned16(pr.q) && aligned16(pr.k) && aligned16(pr.v) && aligned16(pr.out) &&
-            strides_ok(pr.q_strides) && strides_ok(pr.k_strides) && strides_ok(pr.v_strides) &&
+  const bool fp8 = pr.dtype == DType::float8_e4m3fn;  // 1-byte inputs: 16-byte rows are 16 elements
+  auto in_ok = [&](const core::Strides3& st) { return fp8 ? strides16_ok(st) : strides_ok(st); };
+  bool ok = pr.head_dim % (fp8 ? 16 : 8) == 0 && aligned16(pr.q) && aligned16(pr.k) && aligned16(pr.v) &&
+            aligned16(pr.out) && in_ok(pr.q_strides) && in_ok(pr.k_strides) && in_ok(pr.v_strides) &&
             strides_ok(pr.out_strides);
   if (tma) {
     ok = ok && tma_strides_ok(pr.q_strides, pr.is_varlen) && tma_strides_ok(pr.k_strides, pr.is_varlen) &&
@@ -188,7 +204,8 @@ bool cuda_device_available() {
 void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
   check_supported(pr);
   const KernelKind kind = pr.algorithm == Algorithm::v1_order ? KernelKind::fwd_v1 : KernelKind::fwd;
-  const int64_t dpad = round_up8(pr.head_dim);
+  const int64_t dpad = padded_head_dim(pr);
+  const int in_bytes = static_cast<int>(dtype_size(pr.dtype));
   DeviceGuard guard(pr.device_index);
   const CallShape shape{pr.max_seqlen_k, pr.causal || pr.window_size_left >= 0 || pr.window_size_right >= 0,
                         pr.is_varlen, pr.softcap > 0.f};
@@ -210,9 +227,9 @@ void attention_forward_cuda(const core::AttentionProblem& pr, void* stream) {
     record("attention_forward", pr, ke, kind_name, ke.fwd()(p, st), false, nullptr);
   } else {
     const RowsView qr = q_rows(pr), kr = k_rows(pr);
-    Padded q(pr, pr.q, pr.q_strides, qr, pr.num_heads, dpad, true, st);
-    Padded k(pr, pr.k, pr.k_strides, kr, pr.num_heads_kv, dpad, true, st);
-    Padded v(pr, pr.v, pr.v_strides, kr, pr.num_heads_kv, dpad, true, st);
+    Padded q(pr, pr.q, pr.q_strides, qr, pr.num_heads, dpad, true, st, in_bytes);
+    Padded k(pr, pr.k, pr.k_strides, kr, pr.num_heads_kv, dpad, true, st, in_bytes);
+    Padded v(pr, pr.v, pr.v_strides, kr, pr.num_heads_kv, dpad, true, st, in_bytes);
     Padded o(pr, nullptr, pr.out_strides, qr, pr.num_heads, dpad, false, st);
     p.q = q.buf.get(), p.k = k.buf.get(), p.v = v.buf.get(), p.out = o.buf.get();
     p.q_s = q.s, p.k_s = k.s, p.v_s = v.s, p.out_s = o.s;

@@ -53,7 +53,8 @@ const KernelEntry* lookup(KernelKind kind, KernelArch arch, int64_t head_dim, DT
   std::ostringstream msg;
   msg << "flashkv: CUDA " << family << kernel_kind_name(kind) << " kernel for head_dim " << head_dim << ", dtype "
       << dtype_name(dtype) << " is not compiled in this build (compiled: " << compiled_kernels()
-      << "; rebuild with -DFLASHKV_CUDA_ALL_INSTANTIATIONS=ON or add the head dim to FLASHKV_CUDA_HEADDIMS)";
+      << "; rebuild with -DFLASHKV_CUDA_ALL_INSTANTIATIONS=ON or add the head dim to "
+      << (dtype == DType::float8_e4m3fn ? "FLASHKV_CUDA_FP8_HEADDIMS)" : "FLASHKV_CUDA_HEADDIMS)");
   throw UnsupportedError(msg.str());
 }
 
@@ -147,6 +148,22 @@ const KernelEntry& select_hopper(KernelKind kind, KernelArch arch, int64_t head_
 
 const KernelEntry& select_kernel(KernelKind kind, KernelFamily family, int64_t head_dim, DType dtype,
                                  const CallShape& shape) {
+  if (dtype == DType::float8_e4m3fn) {  // FP8: the sm90ws forward only, for every family request
+    if (family == KernelFamily::sm80 || family == KernelFamily::sm90) {
+      throw UnsupportedError(std::string("flashkv: kernel_family '") + kernel_family_name(family) +
+                             "' has no float8_e4m3fn kernels (FP8 attention runs on kernel_family 'sm90ws' or "
+                             "'auto', a Hopper GPU)");
+    }
+    if (kind != KernelKind::fwd) {
+      throw UnsupportedError(std::string("flashkv: float8_e4m3fn attention has no ") + kernel_kind_name(kind) +
+                             " kernel (FP8 runs the tiled forward of kernel_family 'sm90ws' only)");
+    }
+    if (sm90_kernels_compiled() && !device_runs_sm90()) {
+      throw UnsupportedError("flashkv: float8_e4m3fn attention (kernel_family 'sm90ws', wgmma e4m3) needs a Hopper "
+                             "GPU (compute capability 9.0); " + device_name_cc(current_device()));
+    }
+    return select_hopper(kind, KernelArch::sm90ws, head_dim, dtype);
+  }
   switch (family) {
     case KernelFamily::sm80: return find_kernel(kind, head_dim, dtype);
     case KernelFamily::sm90: return select_hopper(kind, KernelArch::sm90, head_dim, dtype);

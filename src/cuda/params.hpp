@@ -14,6 +14,13 @@ struct TensorStrides {
   int64_t head = 0;
 };
 
+/// A dequantization scale tensor of the FP8 forward: element (b, hk) at ptr[b * batch + hk * head] (float32; strides
+/// 0 for a per-tensor scale); ptr == nullptr means 1.
+struct DescaleView {
+  const float* ptr = nullptr;
+  int64_t batch = 0, head = 0;
+};
+
 /// Forward (and the shared part of backward).
 struct FwdParams {
   const void* q = nullptr;
@@ -47,6 +54,9 @@ struct FwdParams {
   /// writes sets *nonfinite_flag = 1; the fix-up kernel launched after it on the same stream exits at once while the
   /// flag is 0. Null where the launcher does not track it (kernels that recompute such rows themselves).
   int32_t* nonfinite_flag = nullptr;
+  /// FP8 (float8_e4m3fn q/k/v) forward only: per (batch, kv head) dequantization scales; the scores are
+  /// (q8 . k8) * q_descale * k_descale and out = (P v8) * v_descale / l.
+  DescaleView q_descale, k_descale, v_descale;
 };
 
 /// Backward: forward fields + gradients and workspace.

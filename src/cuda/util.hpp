@@ -12,9 +12,9 @@
 namespace flashkv::cuda {
 
 /// dst[b, r, h, c] (contiguous, dim_pad columns) = src[b, r, h, c] for c < dim, 0 for dim <= c < dim_pad.
-/// 16-bit elements. For packed varlen tensors pass batch = 1 and rows = total rows.
+/// elem_bytes-byte elements (2: 16-bit, 1: FP8). For packed varlen tensors pass batch = 1 and rows = total rows.
 void pad_copy(const void* src, const TensorStrides& src_s, void* dst, int64_t batch, int64_t rows, int64_t heads,
-              int64_t dim, int64_t dim_pad, cudaStream_t stream);
+              int64_t dim, int64_t dim_pad, cudaStream_t stream, int elem_bytes = 2);
 /// dst[b, r, h, c] (strided) = src[b, r, h, c] (contiguous, dim_pad columns) for c < dim.
 void unpad_copy(const void* src, void* dst, const TensorStrides& dst_s, int64_t batch, int64_t rows, int64_t heads,
                 int64_t dim, int64_t dim_pad, cudaStream_t stream);

@@ -11,15 +11,16 @@
 namespace flashkv::cuda {
 namespace {
 
-__global__ void pad_copy_kernel(const uint16_t* __restrict__ src, TensorStrides s, uint16_t* __restrict__ dst,
-                                int64_t rows, int64_t heads, int64_t dim, int64_t dim_pad, int64_t total) {
+template <class E>
+__global__ void pad_copy_kernel(const E* __restrict__ src, TensorStrides s, E* __restrict__ dst, int64_t rows,
+                                int64_t heads, int64_t dim, int64_t dim_pad, int64_t total) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = i % dim_pad;
     const int64_t h = (i / dim_pad) % heads;
     const int64_t r = (i / (dim_pad * heads)) % rows;
     const int64_t b = i / (dim_pad * heads * rows);
-    dst[i] = c < dim ? src[b * s.batch + r * s.row + h * s.head + c] : uint16_t(0);
+    dst[i] = c < dim ? src[b * s.batch + r * s.row + h * s.head + c] : E(0);
   }
 }
 
@@ -43,11 +44,17 @@ int grid_for(int64_t total) {
 }  // namespace
 
 void pad_copy(const void* src, const TensorStrides& src_s, void* dst, int64_t batch, int64_t rows, int64_t heads,
-              int64_t dim, int64_t dim_pad, cudaStream_t stream) {
+              int64_t dim, int64_t dim_pad, cudaStream_t stream, int elem_bytes) {
   const int64_t total = batch * rows * heads * dim_pad;
   if (total == 0) return;
-  pad_copy_kernel<<<grid_for(total), 256, 0, stream>>>(static_cast<const uint16_t*>(src), src_s,
-                                                       static_cast<uint16_t*>(dst), rows, heads, dim, dim_pad, total);
+  if (elem_bytes == 1) {
+    pad_copy_kernel<<<grid_for(total), 256, 0, stream>>>(static_cast<const uint8_t*>(src), src_s,
+                                                         static_cast<uint8_t*>(dst), rows, heads, dim, dim_pad, total);
+  } else {
+    pad_copy_kernel<<<grid_for(total), 256, 0, stream>>>(static_cast<const uint16_t*>(src), src_s,
+                                                         static_cast<uint16_t*>(dst), rows, heads, dim, dim_pad,
+                                                         total);
+  }
   check_cuda(cudaGetLastError(), "pad_copy launch");
 }
 

@@ -101,7 +101,7 @@ TEST(Validation, DtypesAndDevices) {
   {
     Fixed f;  // float64 / int32 are not attention dtypes
     f.Q.dtype = f.K.dtype = f.V.dtype = f.O.dtype = DType::float64;
-    expect_error<TypeError>([&] { f.fwd(); }, "q", "float32, float16 or bfloat16");
+    expect_error<TypeError>([&] { f.fwd(); }, "q", "float32, float16, bfloat16 or float8_e4m3fn");
   }
   { Fixed f; f.K.device = Device::cuda; expect_error<TypeError>([&] { f.fwd(); }, "k", "device cpu:0"); }
   { Fixed f; f.O.device_index = 1; expect_error<TypeError>([&] { f.fwd(); }, "out"); }
@@ -195,6 +195,50 @@ TEST(Validation, VarlenCuSeqlens) {
   { Varlen f; f.q.view.ndim = 4; expect_error<Error>([&] { f.fwd(); }, "q", "3 dimensions"); }
   { Varlen f; f.lse.view.shape[1] = 4; expect_error<Error>([&] { f.fwd(); }, "lse", "(num_heads, total_q)"); }
   { Varlen f; f.ck.view.device = Device::cuda; expect_error<TypeError>([&] { f.fwd(); }, "cu_seqlens_k"); }
+}
+
+// FP8 (float8_e4m3fn q/k/v, bfloat16 out) is a CUDA forward (kernel family sm90ws): the out dtype and the descales
+// are checked on every device (Error / TypeError naming them), then CPU tensors are an UnsupportedError; descales with
+// 16-bit or float32 inputs are an Error; a backward is an UnsupportedError.
+TEST(Validation, Fp8InputsAndDescales) {
+  HostTensor q8{DType::float8_e4m3fn, {2, 5, 4, 8}}, k8{DType::float8_e4m3fn, {2, 7, 2, 8}},
+      v8{DType::float8_e4m3fn, {2, 7, 2, 8}};
+  HostTensor out{DType::bfloat16, {2, 5, 4, 8}}, lse{DType::float32, {2, 4, 5}};
+  HostTensor per_head{DType::float32, {2, 2}}, per_tensor{DType::float32, {1}}, wrong{DType::float32, {2, 4}},
+      half{DType::float16, {1}};
+  AttentionOptions o;
+  o.q_descale = &per_head.view, o.k_descale = &per_tensor.view, o.v_descale = &per_head.view;
+  auto fwd = [&](const AttentionOptions& opt) { attention_forward(q8.view, k8.view, v8.view, out.view, &lse.view, opt); };
+  try {
+    fwd(o);
+    ADD_FAILURE() << "expected UnsupportedError for FP8 on the CPU";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+  {
+    AttentionOptions b = o;
+    b.k_descale = &wrong.view;
+    expect_error<Error>([&] { fwd(b); }, "k_descale", "[2, 2] (batch, num_heads_kv)");
+    b.k_descale = &half.view;
+    expect_error<TypeError>([&] { fwd(b); }, "k_descale", "float32");
+  }
+  {
+    HostTensor out16{DType::float16, {2, 5, 4, 8}};
+    expect_error<TypeError>([&] { attention_forward(q8.view, k8.view, v8.view, out16.view, &lse.view, o); }, "out",
+                            "bfloat16");
+  }
+  {
+    HostTensor k16{DType::bfloat16, {2, 7, 2, 8}};
+    expect_error<TypeError>([&] { attention_forward(q8.view, k16.view, v8.view, out.view, &lse.view, o); }, "k");
+  }
+  {
+    Fixed f;
+    f.o.q_descale = &per_tensor.view;
+    expect_error<Error>([&] { f.fwd(); }, "q_descale", "float8_e4m3fn");
+  }
+  EXPECT_THROW(attention_backward(q8.view, k8.view, v8.view, out.view, lse.view, out.view, q8.view, k8.view, v8.view,
+                                  AttentionOptions{}),
+               UnsupportedError);
 }
 
 TEST(Validation, NothingWrittenOnError) {

@@ -103,24 +103,6 @@ inline std::vector<double> unpitch(const std::vector<uint16_t>& bits, int64_t ro
   return v;
 }
 
-/// View of a [rows..., heads, d] tensor with head pitch `pitch` (fixed: [B, S, H, d]; varlen: [total, H, d]).
-inline TensorView view(void* data, DType t, bool varlen, int64_t b, int64_t s, int64_t h, int64_t d, int64_t pitch) {
-  TensorView v;
-  v.data = data;
-  v.dtype = t;
-  v.device = Device::cuda;
-  if (varlen) {
-    v.ndim = 3;
-    v.shape[0] = s, v.shape[1] = h, v.shape[2] = d;
-    v.strides[0] = h * pitch, v.strides[1] = pitch, v.strides[2] = 1;
-  } else {
-    v.ndim = 4;
-    v.shape[0] = b, v.shape[1] = s, v.shape[2] = h, v.shape[3] = d;
-    v.strides[0] = s * h * pitch, v.strides[1] = h * pitch, v.strides[2] = pitch, v.strides[3] = 1;
-  }
-  return v;
-}
-
 inline CaseData make_run(const Case& c, std::mt19937_64& rng) {
   CaseData r;
   RefProblem& p = r.ref;

@@ -20,7 +20,8 @@
 namespace flashkv::cuda::attn {
 
 /// O fragment of a warp that owns 16 * kMT consecutive rows starting at 16 * kMT * warp, all kDT * 8 columns.
-template <class TileQ, int kMT, int kDT, class T>
+/// T: the output type; TIn: the inputs' (q, k, v; the rare path reads them); kStageCols: columns per staging pass.
+template <class TileQ, int kMT, int kDT, class T, class TIn = T, int kStageCols = kDT * 8>
 struct EpilogueFwd {
   /// Rows of the warp whose O held a non-finite element: ballot per (mt, hh), lane 4g + t set for row g.
   struct Flagged {
@@ -44,21 +45,59 @@ struct EpilogueFwd {
   template <class Softmax>
   __device__ __forceinline__ static Flagged store_warp(const FwdParams& p, const FwdBlock& blk, char* smem,
                                                     Frag<kMT, kDT> o, const Softmax& softmax, int warp) {
+    return store_rows(p, blk, smem, warp * 16 * kMT, o, softmax, warp * 16 * kMT, p.softmax_scale_log2, 1.f);
+  }
+
+  /// The general form: the warp's rows are [row0, row0 + 16 * kMT) of the block and are staged at rows
+  /// [stage_row0, +16 * kMT) of the staging tile at `smem` (TileQ: kStageCols columns of T; O's kDT * 8 columns go
+  /// through it in kDT * 8 / kStageCols passes). scale_log2: the softmax's scale (params.hpp; the FP8 kernels fold
+  /// the q/k descales into it); out = O * out_scale / l (the FP8 kernels' v descale).
+  template <class Softmax>
+  __device__ __forceinline__ static Flagged store_rows(const FwdParams& p, const FwdBlock& blk, char* smem,
+                                                    int stage_row0, Frag<kMT, kDT> o, const Softmax& softmax,
+                                                    int row0, float scale_log2, float out_scale) {
+    constexpr int kPasses = kDT * 8 / kStageCols;
+    static_assert(kPasses * kStageCols == kDT * 8 && kStageCols % 8 == 0, "whole staging passes of 8 columns");
+    static_assert(TileQ::kChunks == kStageCols / 8, "the staging tile holds one pass");
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int warp_row0 = warp * 16 * kMT;
     const int m0 = blk.m0;
     T* og = blk.out<T>(p);
     Flagged fl;
     fl.any = false;
+    constexpr int kChunks = kStageCols / 8;
+    // Columns [pass * kStageCols, +kStageCols) of the rows (mt, hh) -> the staging rows.
+    auto stage = [&](int pass, int mt, int hh, bool empty, float inv) {
+      const int r = stage_row0 + mt * 16 + g + 8 * hh;
+#pragma unroll
+      for (int dt = pass * kChunks; dt < (pass + 1) * kChunks; ++dt) {
+        const float a = empty ? 0.f : o(mt, dt, hh, 0) * inv, c = empty ? 0.f : o(mt, dt, hh, 1) * inv;
+        *reinterpret_cast<uint32_t*>(smem + TileQ::offset_elem(r, (dt - pass * kChunks) * 8 + 2 * t)) =
+            pack2<T>(a, c);
+      }
+    };
+    // The staged rows -> out, 16-byte stores.
+    auto copy_out = [&](int pass) {
+      __syncwarp();
+      for (int idx = lane; idx < 16 * kMT * kChunks; idx += 32) {
+        const int rr = idx / kChunks, c = idx % kChunks;
+        const int col = pass * kStageCols + c * 8;
+        if (m0 + row0 + rr < blk.si.seqlen_q && col < p.head_dim) {
+          const uint4 val = *reinterpret_cast<const uint4*>(smem + TileQ::offset(stage_row0 + rr, c));
+          *reinterpret_cast<uint4*>(og + (row0 + rr) * p.out_s.row + col) = val;
+        }
+      }
+    };
+    float inv_keep[kPasses > 1 ? kMT : 1][2];
+    bool empty_keep[kPasses > 1 ? kMT : 1][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int r = warp_row0 + mt * 16 + g + 8 * hh;
-        const int i = m0 + r;
+        const int i = m0 + row0 + mt * 16 + g + 8 * hh;
         const bool empty = blk.rule.row_first(i) >= blk.rule.row_last(i);  // no visible key
         float inv, lse;
-        softmax.finalize(mt, hh, p.softmax_scale_log2, empty, inv, lse);
+        softmax.finalize(mt, hh, scale_log2, empty, inv, lse);
+        inv *= out_scale;
         bool bad = false;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
@@ -67,23 +106,28 @@ struct EpilogueFwd {
         }
         fl.ballot[mt][hh] = __ballot_sync(0xffffffffu, bad);
         fl.any |= fl.ballot[mt][hh] != 0u;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          const float a = empty ? 0.f : o(mt, dt, hh, 0) * inv, c = empty ? 0.f : o(mt, dt, hh, 1) * inv;
-          *reinterpret_cast<uint32_t*>(smem + TileQ::offset_elem(r, dt * 8 + 2 * t)) = pack2<T>(a, c);
+        if constexpr (kPasses == 1) {
+          stage(0, mt, hh, empty, inv);
+        } else {
+          inv_keep[mt][hh] = inv;
+          empty_keep[mt][hh] = empty;
         }
         if (p.lse != nullptr && t == 0 && i < blk.si.seqlen_q) {
           const int64_t row = (p.cu_seqlens_q != nullptr ? blk.si.q_row0 : 0) + i;
           p.lse[blk.b * p.lse_batch + blk.h * p.lse_head + row * p.lse_row] = lse;
         }
       }
-    __syncwarp();
-    constexpr int kChunks = TileQ::kChunks;
-    for (int idx = lane; idx < 16 * kMT * kChunks; idx += 32) {
-      const int r = warp_row0 + idx / kChunks, c = idx % kChunks;
-      if (m0 + r < blk.si.seqlen_q && c * 8 < p.head_dim) {
-        const uint4 val = *reinterpret_cast<const uint4*>(smem + TileQ::offset(r, c));
-        *reinterpret_cast<uint4*>(og + r * p.out_s.row + c * 8) = val;
+    if constexpr (kPasses == 1) {
+      copy_out(0);
+    } else {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        if (pass > 0) __syncwarp();  // the previous pass's reads of the staging rows are done
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) stage(pass, mt, hh, empty_keep[mt][hh], inv_keep[mt][hh]);
+        copy_out(pass);
       }
     }
     return fl;
@@ -91,8 +135,10 @@ struct EpilogueFwd {
 
   /// The rare path: the flagged rows recomputed exactly by their warp (common/nonfinite.cuh). `blk` is rebuilt by the
   /// caller after store(), so that nothing of it stays live through the mainloop for this path's sake.
+  /// qk_descale / v_descale: the FP8 inputs' dequantization factors (1 for 16-bit inputs).
   __device__ __forceinline__ static void recompute_flagged(const FwdParams& p, const FwdBlock& blk, const Flagged& fl,
-                                                           int warp = threadIdx.x / 32) {
+                                                           int warp = threadIdx.x / 32, float qk_descale = 1.f,
+                                                           float v_descale = 1.f) {
     const int lane = threadIdx.x % 32;
     const int warp_row0 = warp * 16 * kMT;
     __syncwarp();  // the fast stores come first
@@ -102,7 +148,8 @@ struct EpilogueFwd {
       for (int hh = 0; hh < 2; ++hh)
         for (int gg = 0; gg < 8; ++gg) {
           if (fl.ballot[mt][hh] & (0xFu << (4 * gg))) {
-            recompute_row_exact<T, kDT * 8>(p, blk, warp_row0 + mt * 16 + gg + 8 * hh, lane);
+            recompute_row_exact<TIn, kDT * 8, T>(p, blk, warp_row0 + mt * 16 + gg + 8 * hh, lane, qk_descale,
+                                                 v_descale);
           }
         }
   }

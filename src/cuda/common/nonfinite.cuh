@@ -26,9 +26,11 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 /// Row r (block-relative) of the forward block, recomputed exactly by the calling warp (all 32 lanes): out row and
-/// lse. kHeadDim: the instantiation's (padded) head dim; p.head_dim columns are real.
-template <class T, int kHeadDim>
-__device__ __forceinline__ void recompute_row_exact(const FwdParams& p, const FwdBlock& blk, int r, int lane) {
+/// lse. kHeadDim: the instantiation's (padded) head dim; p.head_dim columns are real. T: the type of q, k, v; TOut:
+/// of out. FP8 inputs: the scores are q.k * qk_descale and out = sum_j p_j v_j * v_descale / l (1 for 16-bit inputs).
+template <class T, int kHeadDim, class TOut = T>
+__device__ __forceinline__ void recompute_row_exact(const FwdParams& p, const FwdBlock& blk, int r, int lane,
+                                                    float qk_descale = 1.f, float v_descale = 1.f) {
   const int i = blk.m0 + r;
   if (i >= blk.si.seqlen_q) return;
   constexpr int kPer = (kHeadDim + 31) / 32;
@@ -51,7 +53,7 @@ __device__ __forceinline__ void recompute_row_exact(const FwdParams& p, const Fw
       const int col = lane + 32 * c;
       if (col < p.head_dim) d += q[c] * static_cast<float>(kr[col]);
     }
-    d = warp_sum(d);
+    d = warp_sum(d) * qk_descale;
     if (p.softcap) d = tanhf(d * p.score_scale);
     return d * p.softmax_scale_log2;
   };
@@ -77,11 +79,11 @@ __device__ __forceinline__ void recompute_row_exact(const FwdParams& p, const Fw
     }
   }
   const bool empty = j1 <= j0;
-  T* orow = blk.out<T>(p) + r * p.out_s.row;
+  TOut* orow = blk.out<TOut>(p) + r * p.out_s.row;
 #pragma unroll
   for (int c = 0; c < kPer; ++c) {
     const int col = lane + 32 * c;
-    if (col < p.head_dim) orow[col] = static_cast<T>(empty ? 0.f : acc[c] / l);
+    if (col < p.head_dim) orow[col] = static_cast<TOut>(empty ? 0.f : acc[c] * v_descale / l);
   }
   if (p.lse != nullptr && lane == 0) {
     const float lse = empty ? -INFINITY : (m == -INFINITY ? NAN : (m + log2f(l)) * 0.69314718055994531f);

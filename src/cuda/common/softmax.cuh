@@ -8,6 +8,11 @@
 // takes exp2 on the FMA pipe (exp2_poly3) instead of the MUFU, so that the two pipes share the exponentials; off by
 // default (measured 1-6% slower on the H200 with the sm90ws kernel: bench/results/h200-v3-2026-12-01.md).
 //
+// FP8 (kMaxOffset = 8, kRescaleThresholdLog2 = 0, the FA3 / FA4 choice for e4m3): P = exp2(s - m + 8) in [0, 256], so
+// that P, rounded to e4m3 for the P V GEMM, uses e4m3's normal range (2^-6 .. 448) for the probabilities that matter
+// instead of [0, 1] where everything below 2^-6 is subnormal; the threshold must then be 0 (max offset + threshold <
+// log2(448)). l carries the same factor 2^8, which cancels in O / l; finalize() takes it out of lse.
+//
 // Non-finite scores follow IEEE (docs/design.md, "Non-finite inputs"): the max ignores NaN (fmaxf) but a NaN score
 // gives P = NaN and so l = NaN; +inf gives m = +inf and P = exp2(inf - inf) = NaN; a row whose visible scores are all
 // -inf keeps m = -inf and l = 0. finalize() turns these into out/lse and keeps "no visible key" (out 0, lse -inf)
@@ -21,9 +26,10 @@
 
 namespace flashkv::cuda::attn {
 
-template <int kMT, bool kRescaleSkip, int kExp2EmuEighths = 0>
+template <int kMT, bool kRescaleSkip, int kExp2EmuEighths = 0, int kMaxOffset = 0, int kRescaleThresholdLog2 = 8>
 struct OnlineSoftmax {
-  static constexpr float kRescaleThreshold = 8.f;
+  static constexpr float kRescaleThreshold = static_cast<float>(kRescaleThresholdLog2);
+  static_assert(kMaxOffset >= 0 && kRescaleThresholdLog2 >= 0, "P = exp2(s - m + offset) <= 2^(offset + threshold)");
   float row_max[kMT][2];
   float row_sum[kMT][2];  ///< this thread's partial sums (quad_sum in finalize)
 
@@ -59,7 +65,7 @@ struct OnlineSoftmax {
           row_sum[mt][hh] *= corr[mt][hh];
           any_rescale = true;
         }
-        const float m_scaled = row_max[mt][hh] == -INFINITY ? 0.f : row_max[mt][hh] * scale_log2;
+        const float m_scaled = row_max[mt][hh] == -INFINITY ? 0.f : row_max[mt][hh] * scale_log2 - kMaxOffset;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -98,7 +104,8 @@ struct OnlineSoftmax {
     const float l = quad_sum(row_sum[mt][hh]);
     const float m = row_max[mt][hh];
     inv = empty ? 0.f : 1.f / l;
-    lse = empty ? -INFINITY : (m == -INFINITY ? NAN : (m * scale_log2 + log2f(l)) * 0.69314718055994531f);
+    lse = empty ? -INFINITY
+                : (m == -INFINITY ? NAN : (m * scale_log2 + (log2f(l) - kMaxOffset)) * 0.69314718055994531f);
   }
 };
 

@@ -69,6 +69,19 @@ constexpr FwdTileSm90Ws fwd_tile_sm90ws(int head_dim) {
     default: return {false, 128, 64, 64, 2};
   }
 }
+/// The FP8 (e4m3) sm90ws forward (sm90/mainloop_fwd_tma_ws_fp8.cuh): kBlockM = 128, kBlockN keys (multiples of 32:
+/// the k32 wgmma of P V), kStages-deep K, raw V and transposed V rings. The widest tiles whose K/V loop keeps the
+/// unmasked path free of local memory at 240 registers (SASS; FA3's hd128 N224 and hd256 N128 spill in the loop
+/// here): hd64 N192 (81 KiB), hd128 N192 (161 KiB), hd256 N96 (177 KiB); softcap (a tanh per score) N160 / N160 / N64.
+/// Not yet tuned on the H200.
+constexpr FwdTileSm90Ws fwd_tile_sm90ws_fp8(int head_dim) {
+  switch (head_dim) {
+    case 64: return {true, 128, 192, 160, 2};
+    case 128: return {true, 128, 192, 160, 2};
+    case 256: return {true, 128, 96, 64, 2};
+    default: return {false, 128, 64, 64, 2};
+  }
+}
 /// The FA1-loop-order forward (progression benchmark): fixed 64 x 64, 4 warps.
 constexpr FwdTile fwd_v1_tile() { return {64, 64, 4}; }
 

@@ -44,6 +44,42 @@ struct PanelTile {
   }
 };
 
+/// kRows x kCols 1-byte elements (the FP8 forward's tiles) stored as kCols/kW panels of kW bytes (kW = 128, 64 or 32:
+/// the swizzle width); in a panel, row r occupies kW bytes and its 16-byte chunk c sits at chunk c ^ swz(r), the
+/// hardware's kW-byte swizzle (TMA CU_TENSOR_MAP_SWIZZLE_{128,64,32}B, wgmma layout types 1/2/3: address bits [4, 4 +
+/// log2(kW/16)) XOR bits [7, ...)), so panels must be 8 * kW-byte aligned. The canonical K-major layout of wgmma for
+/// an 8-bit operand whose K runs along the columns.
+template <int kRows_, int kCols_, int kW_>
+struct SwizzledTile8 {
+  static constexpr int kRows = kRows_, kCols = kCols_, kW = kW_;
+  static constexpr int kChunksPerPanelRow = kW / 16;
+  static constexpr int kPanels = kCols / kW;
+  static constexpr int kPanelBytes = kRows * kW;
+  static constexpr int kBytes = kPanels * kPanelBytes;
+  static_assert(kW == 128 || kW == 64 || kW == 32, "wgmma swizzle widths");
+  static_assert(kCols % kW == 0 && kRows % 8 == 0, "whole panels of 8-row atoms");
+  __host__ __device__ static constexpr int swz(int row) { return (row * kW / 128) & (kChunksPerPanelRow - 1); }
+  /// Byte offset of (row, 16-byte chunk of the row).
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk / kChunksPerPanelRow) * kPanelBytes + row * kW +
+                                 (((chunk % kChunksPerPanelRow) ^ swz(row)) << 4));
+  }
+  /// Byte offset of the first byte of K column `k` (a multiple of 16) in panel-relative terms for a wgmma descriptor
+  /// start: the panel of k and the byte within the row (the hardware applies the swizzle).
+  __host__ __device__ static constexpr uint32_t k_offset(int k) {
+    return static_cast<uint32_t>((k / kW) * kPanelBytes + k % kW);
+  }
+};
+
+/// Descriptor of a K-major operand with the kW-byte swizzle (SwizzledTile8 panels: rows kW bytes apart, 8-row atoms
+/// 8 * kW bytes apart; the leading offset is unused).
+template <int kW>
+__device__ __forceinline__ uint64_t desc_kmajor_sw(uint32_t addr) {
+  constexpr uint64_t kLayout = kW == 128 ? 1 : kW == 64 ? 2 : 3;
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (uint64_t{1} << 16) | (uint64_t{(8 * kW) >> 4} << 32) |
+         (kLayout << 62);
+}
+
 /// Descriptor of a K-major SWIZZLE_128B operand starting at shared address `addr` (rows 128 bytes apart, 8-row atoms
 /// 1024 bytes apart; the leading offset is unused). Adding b/16 to a descriptor moves its start by b bytes.
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t addr) {
