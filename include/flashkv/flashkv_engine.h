@@ -174,8 +174,9 @@ FLASHKV_API flashkv_status flashkv_engine_detokenize(const flashkv_engine* engin
 
 /** Generates after the prompt ids prompt[0..n_prompt) (1 <= n_prompt <= max_context; llama2.c prompts start with
  *  BOS): prefill, then sample → decode ... in a new sequence that is released at the end (flashkv::generate).
- *  Writes the generated ids (without the stop token) to tokens_out[0..*n_out); capacity must be >= max_new_tokens
- *  (checked first, INVALID_ARGUMENT 'capacity'). stats may be NULL (else stats->struct_size must be set). Errors:
+ *  Writes the generated ids (without the stop token) to tokens_out[0..*n_out); capacity must be at least the most it
+ *  can return, min(max_new_tokens, max_context - n_prompt + 1) (checked before anything runs, INVALID_ARGUMENT
+ *  'capacity'; max_new_tokens or max_context slots always suffice). stats may be NULL (else stats->struct_size must be set). Errors:
  *  'prompt' (NULL, n_prompt < 1, longer than the context), 'tokens[i]' (id out of range), 'max_new_tokens', 'temperature',
  *  'top_p', 'top_k', 'opts.struct_size'; CAPACITY when max_sequences are live or the pool lacks the pages. */
 FLASHKV_API flashkv_status flashkv_engine_generate(flashkv_engine* engine, const int32_t* prompt, int64_t n_prompt,

@@ -140,8 +140,12 @@ void run_generate(flashkv_engine& e, std::span<const int32_t> prompt, const Sett
                   int64_t capacity, int64_t* n_out, flashkv_generation_stats* stats) {
   if (n_out == nullptr) throw Error("n_out", "an int64_t* to fill", "NULL pointer");
   *n_out = 0;
-  if (capacity < s.max_new)
-    throw Error("capacity", ">= max_new_tokens (" + std::to_string(s.max_new) + ") slots at tokens_out",
+  // The most tokens this call can return: max_new_tokens, or what the context leaves (the last token is not decoded).
+  const int64_t most = std::min<int64_t>(s.max_new, static_cast<int64_t>(e.engine->max_context()) -
+                                                        static_cast<int64_t>(prompt.size()) + 1);
+  if (capacity < most)
+    throw Error("capacity",
+                ">= " + std::to_string(most) + " slots at tokens_out (min(max_new_tokens, max_context - n_prompt + 1))",
                 std::to_string(capacity));
   if (tokens_out == nullptr) throw Error("tokens_out", std::to_string(capacity) + " int32_t slots", "NULL pointer");
   if (stats != nullptr) check_struct_size(stats->struct_size, sizeof(*stats), sizeof(*stats), "stats");

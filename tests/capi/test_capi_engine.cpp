@@ -295,6 +295,37 @@ TEST_F(CapiEngine, StatsAreTheCliNumbers) {
   EXPECT_EQ(st.generated_tokens, static_cast<int64_t>(stopped.size()));
 }
 
+TEST_F(CapiEngine, TheContextEndStopsAndBoundsTheOutput) {
+  const std::vector<int32_t> p = tokenize(e_, "Once upon a time");
+  const int64_t np = static_cast<int64_t>(p.size()), most = 128 - np + 1;  // context 128: the last token is not fed
+  flashkv_generate_options g = greedy(1 << 30);
+  g.stop_at_eos = 0;
+  std::vector<int32_t> out(static_cast<size_t>(most));
+  int64_t n = 0;
+  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g, out.data(), most - 1, &n, nullptr),
+                FLASHKV_ERROR_INVALID_ARGUMENT, arg("capacity"));
+  flashkv_generation_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(flashkv_engine_generate(e_, p.data(), np, &g, out.data(), most, &n, &st), FLASHKV_OK) << last_error();
+  EXPECT_EQ(n, most);
+  EXPECT_EQ(st.stop_reason, FLASHKV_STOP_CONTEXT);
+  EXPECT_EQ(st.kv_tokens, 128);
+  EXPECT_EQ(out, cpp_generate(model_bin(), tok_bin(), "fp32", p, {0.0f, 1.0f, 0, 42}, 1 << 30, true));
+  // the batch API stops the request at the context too
+  flashkv_engine_event ev{};
+  ASSERT_EQ(flashkv_engine_add(e_, p.data(), np, &g, &ev), FLASHKV_OK) << last_error();
+  int64_t count = 1;
+  while (ev.stop == FLASHKV_STOP_NONE) {
+    int32_t k = 0;
+    ASSERT_EQ(flashkv_engine_step(e_, &ev, 1, &k), FLASHKV_OK) << last_error();
+    ASSERT_EQ(k, 1);
+    ++count;
+  }
+  EXPECT_EQ(ev.stop, FLASHKV_STOP_CONTEXT);
+  EXPECT_EQ(count, most);
+  EXPECT_EQ(flashkv_engine_retire(e_, ev.seq), FLASHKV_OK);
+}
+
 TEST_F(CapiEngine, TokenizeDetokenizeRoundTripAndBuffers) {
   const std::string text = "Hello, machine dreams \xe2\x9c\xa8 of light";
   std::vector<int32_t> ids = tokenize(e_, text);
