@@ -279,3 +279,20 @@ def test_closed_engine_raises():
     _expect(ValueError, "closed", e.generate, "a")
     _expect(ValueError, "closed", e.tokenize, "a")
     assert "closed" in repr(e)
+
+
+def test_documented_examples(tmp_path):
+    """docs/python.md's Engine section: the shell command prints the text its comment shows; the Python example runs."""
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "python.md").read_text()
+    section = doc[doc.index("## Generation engine (`flashkv.Engine`)"):]
+    section = section[: section.index("\n## ", 10)]
+    bash = section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    cmd, want = bash[0], bash[1].removeprefix("# ")
+    env = dict(os.environ, PYTHONPATH=str(repo / "python"))
+    p = subprocess.run(cmd.replace("../shared/models", str(MODELS)).replace("python -c", "python3 -c"), shell=True,
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.rstrip("\n") == want
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(example.replace("../shared/models", str(MODELS)), "docs/python.md", "exec"), {})
