@@ -7,20 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capi_check.h"
 #include "flashkv/flashkv_engine.h"
-
-static int g_passed = 0, g_failed = 0;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (cond) {                                               \
-      ++g_passed;                                             \
-    } else {                                                  \
-      ++g_failed;                                             \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);    \
-      fprintf(stderr, __VA_ARGS__);                           \
-      fprintf(stderr, " (last error: %s)\n", flashkv_last_error()); \
-    }                                                         \
-  } while (0)
 
 int main(void) {
   const char* dir = getenv("FLASHKV_MODELS_DIR");
@@ -94,6 +82,5 @@ int main(void) {
   flashkv_engine* none = NULL;
   CHECK(flashkv_engine_create("/nonexistent/x.bin", &o, &none) == FLASHKV_ERROR_IO && none == NULL, "missing file");
   CHECK(flashkv_engine_destroy(e) == FLASHKV_OK && flashkv_engine_destroy(NULL) == FLASHKV_OK, "destroy");
-  printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return capi_check_summary();
 }
