@@ -20,8 +20,9 @@
  *   FLASHKV_ERROR_IO                model / tokenizer file missing, unreadable, truncated or inconsistent (the message
  *                                   names the file)
  *
- * THREADS: an engine is not thread-safe (serialize calls on one handle); distinct engines are independent. Each call is
- * internally parallel (OpenMP/OpenBLAS threads on the CPU, the CUDA device's default stream).
+ * THREADS: calls on one handle may come from several threads: they are serialized (a mutex per engine), never run at
+ * once; flashkv_engine_destroy must not overlap another call on the same handle. Distinct engines are independent.
+ * Each call is internally parallel (OpenMP/OpenBLAS threads on the CPU, the CUDA device's default stream).
  *
  * UNITS: token counts in tokens, times in seconds (steady clock), sizes in bytes.
  *

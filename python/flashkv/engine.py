@@ -26,9 +26,11 @@ CUDA backend / a GPU / cuBLAS, or a KV format the CUDA engine does not decode.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import threading
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -220,6 +222,7 @@ class Engine:
                  sink_tokens: int = 0, rotation: str = "none", rotation_seed: int = 0, kv_capacity_pages: int = 0,
                  max_sequences: int = 1, max_context: int = 0, seed: int = 42):
         self._h = None
+        self._lock = threading.Lock()  # one C call at a time per engine; close() never overlaps a running call
         model_s = _path_arg(model, "model")
         tok_s = _path_arg(tokenizer, "tokenizer", optional=True)
         if kv_cache_dtype is not None and not isinstance(kv_cache_dtype, str):
@@ -266,10 +269,13 @@ class Engine:
 
     # ---- lifetime --------------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Frees the engine, model and KV cache (idempotent); also called by the destructor and `with`."""
-        if self._h is not None:
-            _lib().flashkv_engine_destroy(self._h)
-            self._h = None
+        """Frees the engine, model and KV cache (idempotent; waits for a call running in another thread); also called
+        by the destructor and `with`."""
+        lock = getattr(self, "_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            if self._h is not None:
+                _lib().flashkv_engine_destroy(self._h)
+                self._h = None
 
     def __del__(self):
         try:
@@ -283,10 +289,13 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _handle(self) -> ctypes.c_void_p:
-        if self._h is None:
-            raise ValueError("flashkv: argument 'self': expected an open Engine, got a closed one")
-        return self._h
+    @contextlib.contextmanager
+    def _use(self):
+        """The open handle, with this engine's lock held (calls from several threads run one at a time)."""
+        with self._lock:
+            if self._h is None:
+                raise ValueError("flashkv: argument 'self': expected an open Engine, got a closed one")
+            yield self._h
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"{self.kv_cache_dtype}, {self.device}"
@@ -298,21 +307,21 @@ class Engine:
         tokenizer's rule (llama2.c: BOS first; SmolLM2: none)."""
         data = _text_arg(text, "text")
         bos = -1 if add_bos is None else int(_bool_arg(add_bos, "add_bos"))
-        n = ctypes.c_int64()
-        lib, h = _lib(), self._handle()
-        L.check(lib.flashkv_engine_tokenize(h, data, len(data), bos, None, 0, ctypes.byref(n)))
-        out = np.empty(max(1, n.value), dtype=np.int32)
-        L.check(lib.flashkv_engine_tokenize(h, data, len(data), bos, _i32p(out), n.value, ctypes.byref(n)))
+        n, lib = ctypes.c_int64(), _lib()
+        with self._use() as h:
+            L.check(lib.flashkv_engine_tokenize(h, data, len(data), bos, None, 0, ctypes.byref(n)))
+            out = np.empty(max(1, n.value), dtype=np.int32)
+            L.check(lib.flashkv_engine_tokenize(h, data, len(data), bos, _i32p(out), n.value, ctypes.byref(n)))
         return out[: n.value].tolist()
 
     def detokenize_bytes(self, tokens: Sequence[int]) -> bytes:
         """The bytes of `tokens` (the first token's predecessor is BOS, as `flashkv generate --json` "text")."""
         ids = _token_ids(tokens, "tokens")
-        n = ctypes.c_size_t()
-        lib, h = _lib(), self._handle()
-        L.check(lib.flashkv_engine_detokenize(h, _i32p(ids), ids.size, None, 0, ctypes.byref(n)))
-        buf = ctypes.create_string_buffer(n.value + 1)
-        L.check(lib.flashkv_engine_detokenize(h, _i32p(ids), ids.size, buf, n.value + 1, ctypes.byref(n)))
+        n, lib = ctypes.c_size_t(), _lib()
+        with self._use() as h:
+            L.check(lib.flashkv_engine_detokenize(h, _i32p(ids), ids.size, None, 0, ctypes.byref(n)))
+            buf = ctypes.create_string_buffer(n.value + 1)
+            L.check(lib.flashkv_engine_detokenize(h, _i32p(ids), ids.size, buf, n.value + 1, ctypes.byref(n)))
         return buf.raw[: n.value]
 
     def detokenize(self, tokens: Sequence[int], errors: str = "replace") -> str:
@@ -344,15 +353,17 @@ class Engine:
         n = ctypes.c_int64()
         st = _Stats()
         st.struct_size = ctypes.sizeof(_Stats)
-        lib, h = _lib(), self._handle()
+        lib = _lib()
         if isinstance(prompt, (str, bytes, bytearray, memoryview)):
             data = _text_arg(prompt, "prompt")
-            L.check(lib.flashkv_engine_generate_text(h, data, len(data), ctypes.byref(g), _i32p(out), cap,
-                                                     ctypes.byref(n), ctypes.byref(st)))
+            with self._use() as h:
+                L.check(lib.flashkv_engine_generate_text(h, data, len(data), ctypes.byref(g), _i32p(out), cap,
+                                                         ctypes.byref(n), ctypes.byref(st)))
         else:
             ids = _token_ids(prompt, "prompt")
-            L.check(lib.flashkv_engine_generate(h, _i32p(ids), ids.size, ctypes.byref(g), _i32p(out), cap,
-                                                ctypes.byref(n), ctypes.byref(st)))
+            with self._use() as h:
+                L.check(lib.flashkv_engine_generate(h, _i32p(ids), ids.size, ctypes.byref(g), _i32p(out), cap,
+                                                    ctypes.byref(n), ctypes.byref(st)))
         stats = {f: (float if t is ctypes.c_double else int)(getattr(st, f)) for f, t in _STATS_FIELDS}
         stats["stop"] = STOP_REASONS.get(stats.pop("stop_reason"), "unknown")
         stats["kv_cache_dtype"], stats["device"] = self.kv_cache_dtype, self.device
@@ -384,7 +395,8 @@ class Engine:
         else:
             ids = _token_ids(prompt, "prompt")
         ev = _Event()
-        L.check(_lib().flashkv_engine_add(self._handle(), _i32p(ids), ids.size, ctypes.byref(g), ctypes.byref(ev)))
+        with self._use() as h:
+            L.check(_lib().flashkv_engine_add(h, _i32p(ids), ids.size, ctypes.byref(g), ctypes.byref(ev)))
         return EngineEvent(ev.seq, ev.token, STOP_REASONS.get(ev.stop, "unknown"))
 
     def step(self) -> list[EngineEvent]:
@@ -393,12 +405,15 @@ class Engine:
         step again)."""
         events = (_Event * max(1, self.max_sequences))()
         n = ctypes.c_int32()
-        L.check(_lib().flashkv_engine_step(self._handle(), events, len(events), ctypes.byref(n)))
+        with self._use() as h:
+            L.check(_lib().flashkv_engine_step(h, events, len(events), ctypes.byref(n)))
         return [EngineEvent(e.seq, e.token, STOP_REASONS.get(e.stop, "unknown")) for e in events[: n.value]]
 
     def retire(self, seq: int) -> None:
         """Frees a request's sequence and pages (a running request is cancelled)."""
-        L.check(_lib().flashkv_engine_retire(self._handle(), _int_arg(seq, "seq", -(2**31))))
+        seq = _int_arg(seq, "seq", -(2**31))
+        with self._use() as h:
+            L.check(_lib().flashkv_engine_retire(h, seq))
 
 
 __all__ = ["Engine", "EngineEvent"]

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,6 +50,7 @@ struct flashkv_engine {
   uint64_t unseeded_calls = 0;  ///< calls that took their seed from the engine's stream (seed + n)
   std::string label, format;
   std::map<int32_t, flashkv::capi::Request> requests;  ///< batch API, by sequence id (ascending = event order)
+  std::mutex mutex;  ///< held by every call on this handle: calls from several threads are serialized, never racing
 };
 
 namespace flashkv::capi {
@@ -85,13 +87,15 @@ flashkv_generate_options default_generate_options() {
   return o;
 }
 
-const flashkv::Engine& engine_of(const flashkv_engine* e) {
+/// The engine behind a handle, with its mutex held for the rest of the call.
+struct Locked {
+  flashkv_engine& e;
+  std::unique_lock<std::mutex> hold;
+};
+Locked lock(const flashkv_engine* e) {
   if (e == nullptr) throw Error("engine", "a flashkv_engine from flashkv_engine_create", "NULL pointer");
-  return *e->engine;
-}
-flashkv_engine& get(flashkv_engine* e) {
-  if (e == nullptr) throw Error("engine", "a flashkv_engine from flashkv_engine_create", "NULL pointer");
-  return *e;
+  flashkv_engine& m = const_cast<flashkv_engine&>(*e);  // handles are created non-const (flashkv_engine_create)
+  return {m, std::unique_lock<std::mutex>(m.mutex)};
 }
 
 Settings settings(const flashkv_engine& e, const flashkv_generate_options* p) {
@@ -254,7 +258,8 @@ flashkv_status flashkv_engine_destroy(flashkv_engine* engine) {
 
 flashkv_status flashkv_engine_get_info(const flashkv_engine* engine, flashkv_engine_info* info) {
   return guard([&] {
-    const flashkv::Engine& e = flashkv::capi::engine_of(engine);
+    auto [h, hold] = flashkv::capi::lock(engine);
+    const flashkv::Engine& e = *h.engine;
     if (info == nullptr) throw Error("info", "a flashkv_engine_info to fill", "NULL pointer");
     flashkv::capi::check_struct_size(info->struct_size, sizeof(*info), sizeof(*info), "info");
     const flashkv::ModelConfig& c = e.model().config;
@@ -282,7 +287,7 @@ flashkv_status flashkv_engine_get_info(const flashkv_engine* engine, flashkv_eng
 flashkv_status flashkv_engine_tokenize(const flashkv_engine* engine, const char* text, size_t text_len,
                                        int32_t add_bos, int32_t* tokens, int64_t capacity, int64_t* n_tokens) {
   return guard([&] {
-    flashkv::capi::engine_of(engine);
+    [[maybe_unused]] auto [h, hold] = flashkv::capi::lock(engine);
     if (n_tokens == nullptr) throw Error("n_tokens", "an int64_t* to fill", "NULL pointer");
     if (capacity < 0) throw Error("capacity", ">= 0", std::to_string(capacity));
     if (tokens == nullptr && capacity > 0) throw Error("tokens", std::to_string(capacity) + " int32_t slots", "NULL pointer");
@@ -300,7 +305,7 @@ flashkv_status flashkv_engine_tokenize(const flashkv_engine* engine, const char*
 flashkv_status flashkv_engine_detokenize(const flashkv_engine* engine, const int32_t* tokens, int64_t n_tokens,
                                          char* text, size_t capacity, size_t* text_len) {
   return guard([&] {
-    flashkv::capi::engine_of(engine);
+    [[maybe_unused]] auto [h, hold] = flashkv::capi::lock(engine);
     if (text_len == nullptr) throw Error("text_len", "a size_t* to fill", "NULL pointer");
     if (n_tokens < 0) throw Error("n_tokens", ">= 0", std::to_string(n_tokens));
     if (tokens == nullptr && n_tokens > 0) throw Error("tokens", std::to_string(n_tokens) + " token ids", "NULL pointer");
@@ -321,7 +326,7 @@ flashkv_status flashkv_engine_generate(flashkv_engine* engine, const int32_t* pr
                                        const flashkv_generate_options* opts, int32_t* tokens_out, int64_t capacity,
                                        int64_t* n_out, flashkv_generation_stats* stats) {
   return guard([&] {
-    flashkv_engine& e = flashkv::capi::get(engine);
+    auto [e, hold] = flashkv::capi::lock(engine);
     const flashkv::capi::Settings s = flashkv::capi::settings(e, opts);
     flashkv::capi::run_generate(e, flashkv::capi::prompt_span(prompt, n_prompt, *e.engine), s, tokens_out, capacity,
                                 n_out, stats);
@@ -332,7 +337,7 @@ flashkv_status flashkv_engine_generate_text(flashkv_engine* engine, const char* 
                                             const flashkv_generate_options* opts, int32_t* tokens_out,
                                             int64_t capacity, int64_t* n_out, flashkv_generation_stats* stats) {
   return guard([&] {
-    flashkv_engine& e = flashkv::capi::get(engine);
+    auto [e, hold] = flashkv::capi::lock(engine);
     const flashkv::capi::Settings s = flashkv::capi::settings(e, opts);
     const std::vector<int32_t> ids = flashkv::capi::encode(e, prompt, prompt_len, -1, "prompt");
     if (ids.empty())
@@ -346,7 +351,7 @@ flashkv_status flashkv_engine_add(flashkv_engine* engine, const int32_t* prompt,
                                   const flashkv_generate_options* opts, flashkv_engine_event* first) {
   return guard([&] {
     using namespace flashkv;
-    flashkv_engine& e = capi::get(engine);
+    auto [e, hold] = capi::lock(engine);
     const capi::Settings s = capi::settings(e, opts);
     if (first == nullptr) throw Error("first", "a flashkv_engine_event to fill", "NULL pointer");
     const std::span<const int32_t> p = capi::prompt_span(prompt, n_prompt, *e.engine);
@@ -376,7 +381,7 @@ flashkv_status flashkv_engine_step(flashkv_engine* engine, flashkv_engine_event*
                                    int32_t* n_events) {
   return guard([&] {
     using namespace flashkv;
-    flashkv_engine& e = capi::get(engine);
+    auto [e, hold] = capi::lock(engine);
     if (n_events == nullptr) throw Error("n_events", "an int32_t* to fill", "NULL pointer");
     *n_events = 0;
     std::vector<int32_t> seqs, toks;
@@ -408,7 +413,7 @@ flashkv_status flashkv_engine_step(flashkv_engine* engine, flashkv_engine_event*
 
 flashkv_status flashkv_engine_retire(flashkv_engine* engine, int32_t seq) {
   return guard([&] {
-    flashkv_engine& e = flashkv::capi::get(engine);
+    auto [e, hold] = flashkv::capi::lock(engine);
     if (e.requests.find(seq) == e.requests.end())
       throw Error("seq", "a sequence id from flashkv_engine_add, not yet retired", std::to_string(seq));
     e.engine->remove_sequence(seq);

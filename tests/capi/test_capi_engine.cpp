@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -501,6 +502,25 @@ TEST_F(CapiEngine, BatchCapacityRefusalsChangeNothing) {
   ref_c.resize(got_c.size());
   EXPECT_EQ(got_c, ref_c) << "the preempted request's tokens so far";
   EXPECT_EQ(flashkv_engine_destroy(b), FLASHKV_OK);
+}
+
+TEST_F(CapiEngine, CallsFromSeveralThreadsAreSerialized) {
+  const std::vector<std::string> texts = {"The machine", "Once upon", "Echoes of light", "A quiet lab"};
+  std::vector<std::vector<int32_t>> want;
+  for (const std::string& t : texts) want.push_back(generate(e_, tokenize(e_, t), greedy(30)));
+  std::vector<std::vector<int32_t>> got(texts.size() * 3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] {
+      const std::string& t = texts[i % texts.size()];
+      const flashkv_generate_options g = greedy(30);
+      std::vector<int32_t> out(30);
+      int64_t n = 0;
+      if (flashkv_engine_generate_text(e_, t.data(), t.size(), &g, out.data(), 30, &n, nullptr) == FLASHKV_OK)
+        got[i].assign(out.begin(), out.begin() + n);
+    });
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i % texts.size()]) << "thread " << i;
 }
 
 TEST_F(CapiEngine, BadCreateArgumentsAreNamed) {

@@ -272,6 +272,16 @@ def test_bad_call_arguments(eng):
     assert eng.generate("a", 5, temperature=0)  # the engine still works after all of that
 
 
+def test_threads_share_one_engine(eng):
+    """Calls from several threads on one Engine run one at a time (a lock per engine): the same results as in turn."""
+    from concurrent.futures import ThreadPoolExecutor
+    prompts = ["The machine", "Once upon", "Echoes of light", "A quiet lab"] * 3
+    want = [eng.generate_tokens(p, 30, temperature=0) for p in prompts]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda p: eng.generate_tokens(p, 30, temperature=0), prompts))
+    assert got == want
+
+
 def test_closed_engine_raises():
     e = flashkv.Engine(MODEL, TOK)
     e.close()
