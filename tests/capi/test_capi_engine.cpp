@@ -2,154 +2,26 @@
 // caller sees; the C++ API used as the reference comes from the same library): generation equals flashkv::generate
 // token for token (greedy and sampled, llama2.c and GGUF, fp32 and quantized caches), the seed stream, tokenize /
 // detokenize, the stats, continuous batching (add / step / retire equals each request run alone; capacity refusals
-// change nothing), and every bad argument → its status + a message naming the argument. The 260K model comes from
+// change nothing), and every bad argument (test_capi_engine_errors.cpp). The 260K model comes from
 // FLASHKV_MODELS_DIR (default ../shared/models); tests skip when it is missing. Random prompts and sampler seeds come
 // from FLASHKV_TEST_SEED (printed; random when unset).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <limits>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
-#include "flashkv/engine.hpp"
-#include "flashkv/flashkv_engine.h"
+#include "capi_engine_fixture.hpp"
 
 namespace {
-
-std::string models() { return flashkv::models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
-std::string model_bin() { return models() + "/aidreams260K.bin"; }
-std::string tok_bin() { return models() + "/aidreams260K.tok512.bin"; }
-
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("FLASHKV_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : static_cast<uint64_t>(std::random_device{}());
-    std::printf("[flashkv] FLASHKV_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-std::string last_error() { return flashkv_last_error(); }
-
-/// Expects `status` == want and flashkv_last_error() to name `argument` ("argument 'x'" or the text given).
-#define EXPECT_STATUS(call, want, needle)                                                     \
-  do {                                                                                        \
-    const flashkv_status s_ = (call);                                                         \
-    EXPECT_EQ(s_, want) << #call << ": " << last_error();                                     \
-    EXPECT_NE(last_error().find(needle), std::string::npos) << #call << ": " << last_error(); \
-  } while (0)
-
-std::string arg(const std::string& name) { return "argument '" + name + "'"; }
-
-flashkv_engine_options engine_opts(const char* kv = nullptr) {
-  flashkv_engine_options o;
-  EXPECT_EQ(flashkv_engine_options_default(&o), FLASHKV_OK);
-  o.tokenizer_path = nullptr;
-  o.kv_cache_dtype = kv;
-  return o;
-}
-
-flashkv_generate_options greedy(int32_t n) {
-  flashkv_generate_options g;
-  EXPECT_EQ(flashkv_generate_options_default(&g), FLASHKV_OK);
-  g.temperature = 0.0f;
-  g.max_new_tokens = n;
-  return g;
-}
-
-/// The C++ engine's tokens for the same model, prompt and options (the reference).
-std::vector<int32_t> cpp_generate(const std::string& model, const std::string& tok, const std::string& kv,
-                                  const std::vector<int32_t>& prompt, const flashkv::SamplerConfig& sc, int32_t steps,
-                                  bool ignore_eos = false) {
-  flashkv::LoadedModel lm = flashkv::load_model_with_tokenizer(model, tok);
-  flashkv::KVCacheSpec spec;
-  spec.kv_cache_dtype = kv;
-  flashkv::Engine engine(lm.model, spec, 1, 0);
-  flashkv::Sampler sampler(sc);
-  flashkv::GenerateOptions go;
-  go.steps = steps;
-  go.ignore_stop_tokens = ignore_eos;
-  return flashkv::generate(engine, prompt, sampler, go).tokens;
-}
-
-/// The reference (C++ engine, fp32, greedy) logits of step k of a generation after `prompt` whose tokens are `ref`.
-std::vector<float> cpp_step_logits(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ref, size_t k) {
-  flashkv::LoadedModel lm = flashkv::load_model_with_tokenizer(model_bin(), tok_bin());
-  flashkv::Engine engine(lm.model, flashkv::KVCacheSpec{}, 1, 0);
-  flashkv::Sampler sampler({0.0f, 1.0f, 0, 42});
-  flashkv::GenerateOptions go;
-  go.steps = static_cast<int32_t>(k + 1);
-  go.keep_logits = true;
-  go.ignore_stop_tokens = true;
-  const flashkv::GenerationResult g = flashkv::generate(engine, prompt, sampler, go);
-  EXPECT_EQ(std::vector<int32_t>(g.tokens.begin(), g.tokens.begin() + static_cast<long>(k)),
-            std::vector<int32_t>(ref.begin(), ref.begin() + static_cast<long>(k)));
-  return g.logits.at(k);
-}
-
-class CapiEngine : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!std::filesystem::is_regular_file(model_bin()) || !std::filesystem::is_regular_file(tok_bin()))
-      GTEST_SKIP() << "shipped model not found in " << models() << ": set FLASHKV_MODELS_DIR";
-    e_ = open();
-    ASSERT_NE(e_, nullptr);
-  }
-  void TearDown() override { EXPECT_EQ(flashkv_engine_destroy(e_), FLASHKV_OK); }
-
-  static flashkv_engine* open(const char* kv = nullptr, int32_t max_sequences = 1, int64_t pages = 0,
-                              uint64_t seed = 42) {
-    flashkv_engine_options o = engine_opts(kv);
-    const std::string tok = tok_bin();
-    o.tokenizer_path = tok.c_str();
-    o.max_sequences = max_sequences;
-    o.kv_capacity_pages = pages;
-    o.seed = seed;
-    flashkv_engine* e = nullptr;
-    EXPECT_EQ(flashkv_engine_create(model_bin().c_str(), &o, &e), FLASHKV_OK) << last_error();
-    return e;
-  }
-
-  std::vector<int32_t> tokenize(flashkv_engine* e, const std::string& text) {
-    int64_t n = 0;
-    EXPECT_EQ(flashkv_engine_tokenize(e, text.data(), text.size(), -1, nullptr, 0, &n), FLASHKV_OK) << last_error();
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    EXPECT_EQ(flashkv_engine_tokenize(e, text.data(), text.size(), -1, ids.data(), n, &n), FLASHKV_OK);
-    return ids;
-  }
-
-  std::vector<int32_t> generate(flashkv_engine* e, const std::vector<int32_t>& prompt,
-                                const flashkv_generate_options& g, flashkv_generation_stats* st = nullptr) {
-    std::vector<int32_t> out(static_cast<size_t>(g.max_new_tokens));
-    int64_t n = -1;
-    EXPECT_EQ(flashkv_engine_generate(e, prompt.data(), static_cast<int64_t>(prompt.size()), &g, out.data(),
-                                      static_cast<int64_t>(out.size()), &n, st),
-              FLASHKV_OK)
-        << last_error();
-    out.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
-    return out;
-  }
-
-  std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len) {
-    std::uniform_int_distribution<int32_t> id(3, 511);  // not BOS / EOS
-    std::vector<int32_t> p{1};
-    for (int i = 1; i < len; ++i) p.push_back(id(rng));
-    return p;
-  }
-
-  flashkv_engine* e_ = nullptr;
-};
+using namespace capi_engine_test;
 
 TEST_F(CapiEngine, GreedyAndSampledEqualTheCppEngine) {
   std::mt19937_64 rng(test_seed());
@@ -521,158 +393,6 @@ TEST_F(CapiEngine, CallsFromSeveralThreadsAreSerialized) {
     });
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i % texts.size()]) << "thread " << i;
-}
-
-TEST_F(CapiEngine, BadCreateArgumentsAreNamed) {
-  flashkv_engine* e = reinterpret_cast<flashkv_engine*>(0x1);
-  const std::string tok = tok_bin();
-  auto create = [&](const char* model, flashkv_engine_options o) {
-    o.tokenizer_path = o.tokenizer_path ? o.tokenizer_path : tok.c_str();
-    e = reinterpret_cast<flashkv_engine*>(0x1);
-    const flashkv_status s = flashkv_engine_create(model, &o, &e);
-    EXPECT_EQ(e, nullptr) << "*out is NULL after a failure";
-    return s;
-  };
-  const std::string m = model_bin();
-  flashkv_engine_options o = engine_opts();
-  EXPECT_STATUS(flashkv_engine_create(m.c_str(), &o, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("out"));
-  EXPECT_STATUS(create(nullptr, o), FLASHKV_ERROR_INVALID_ARGUMENT, arg("model"));
-  EXPECT_STATUS(create("", o), FLASHKV_ERROR_INVALID_ARGUMENT, arg("model"));
-  EXPECT_STATUS(create("no-such-alias", o), FLASHKV_ERROR_INVALID_ARGUMENT, arg("model"));
-  EXPECT_STATUS(create("/nonexistent/model.bin", o), FLASHKV_ERROR_IO, "/nonexistent/model.bin");
-  o.tokenizer_path = "/nonexistent/tok.bin";
-  EXPECT_STATUS(create(m.c_str(), o), FLASHKV_ERROR_IO, "/nonexistent/tok.bin");
-  o = engine_opts();
-  o.tokenizer_path = m.c_str();  // a model file is no tokenizer
-  EXPECT_NE(create(m.c_str(), o), FLASHKV_OK);
-  EXPECT_EQ(flashkv_engine_create(m.c_str(), nullptr, &e), FLASHKV_ERROR_IO)
-      << "a llama2.c checkpoint needs its tokenizer file: " << last_error();
-  auto with = [&](auto set) {
-    flashkv_engine_options x = engine_opts();
-    set(x);
-    return create(m.c_str(), x);
-  };
-  EXPECT_STATUS(with([](auto& x) { x.struct_size = 8; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts.struct_size"));
-  EXPECT_STATUS(with([](auto& x) { x.struct_size += 8; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts.struct_size"));
-  EXPECT_STATUS(with([](auto& x) { x.device = "gpu"; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("device"));
-  EXPECT_STATUS(with([](auto& x) { x.device = "cuda:x"; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("device"));
-  EXPECT_STATUS(with([](auto& x) { x.kv_cache_dtype = "int3"; }), FLASHKV_ERROR_INVALID_ARGUMENT, "int3");
-  EXPECT_STATUS(with([](auto& x) { x.page_size = 24; }), FLASHKV_ERROR_INVALID_ARGUMENT, "page_size");
-  EXPECT_STATUS(with([](auto& x) { x.residual_tokens = -1; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("residual_tokens"));
-  EXPECT_STATUS(with([](auto& x) { x.sink_tokens = -3; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("sink_tokens"));
-  EXPECT_STATUS(with([](auto& x) { x.rotation = 7; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts.rotation"));
-  EXPECT_STATUS(with([](auto& x) { x.max_sequences = 0; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("max_sequences"));
-  EXPECT_STATUS(with([](auto& x) { x.max_context = -1; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("max_context"));
-  EXPECT_STATUS(with([](auto& x) { x.max_context = 1 << 20; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("max_context"));
-  EXPECT_STATUS(with([](auto& x) { x.kv_capacity_pages = -1; }), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("options.kv_capacity_pages"));
-  // CUDA: UNSUPPORTED where the build or machine has no CUDA engine (never a silent CPU fallback)
-  const flashkv_status cuda = with([](auto& x) { x.device = "cuda"; });
-  if (cuda == FLASHKV_OK) {
-    flashkv_engine_destroy(e);
-  } else {
-    EXPECT_EQ(cuda, FLASHKV_ERROR_UNSUPPORTED) << last_error();
-  }
-  EXPECT_STATUS(flashkv_engine_options_default(nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts"));
-  EXPECT_STATUS(flashkv_generate_options_default(nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts"));
-  EXPECT_EQ(flashkv_engine_destroy(nullptr), FLASHKV_OK);
-}
-
-TEST_F(CapiEngine, BadCallArgumentsAreNamedAndChangeNothing) {
-  const std::vector<int32_t> p = tokenize(e_, "The machine");
-  const int64_t np = static_cast<int64_t>(p.size());
-  int32_t out[300];
-  int64_t n = 0;
-  auto gen = [&](auto set, int64_t cap = 300) {
-    flashkv_generate_options g = greedy(20);
-    set(g);
-    return flashkv_engine_generate(e_, p.data(), np, &g, out, cap, &n, nullptr);
-  };
-  const flashkv_generate_options g0 = greedy(20);
-  EXPECT_STATUS(flashkv_engine_generate(nullptr, p.data(), np, &g0, out, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("engine"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, nullptr, np, &g0, out, 20, &n, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("prompt"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), 0, &g0, out, 20, &n, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("prompt"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), -4, &g0, out, 20, &n, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("prompt"));
-  std::vector<int32_t> longp(1000, 5);
-  EXPECT_STATUS(flashkv_engine_generate(e_, longp.data(), 1000, &g0, out, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("prompt"));
-  std::vector<int32_t> badtok = p;
-  badtok[2] = 512;
-  EXPECT_STATUS(flashkv_engine_generate(e_, badtok.data(), np, &g0, out, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("tokens[2]"));
-  badtok[2] = -1;
-  EXPECT_STATUS(flashkv_engine_generate(e_, badtok.data(), np, &g0, out, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("tokens[2]"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g0, out, 19, &n, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("capacity"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g0, nullptr, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("tokens_out"));
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g0, out, 20, nullptr, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("n_out"));
-  flashkv_generation_stats st{};
-  st.struct_size = 4;
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g0, out, 20, &n, &st), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("stats.struct_size"));
-  EXPECT_STATUS(gen([](auto& g) { g.struct_size = 3; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("opts.struct_size"));
-  EXPECT_STATUS(gen([](auto& g) { g.max_new_tokens = 0; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("max_new_tokens"));
-  EXPECT_STATUS(gen([](auto& g) { g.max_new_tokens = -2; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("max_new_tokens"));
-  EXPECT_STATUS(gen([](auto& g) { g.temperature = -0.5f; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("temperature"));
-  EXPECT_STATUS(gen([](auto& g) { g.temperature = std::nanf(""); }), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("temperature"));
-  EXPECT_STATUS(gen([](auto& g) { g.temperature = std::numeric_limits<float>::infinity(); }),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("temperature"));
-  EXPECT_STATUS(gen([](auto& g) { g.top_p = 0.0f; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("top_p"));
-  EXPECT_STATUS(gen([](auto& g) { g.top_p = 1.5f; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("top_p"));
-  EXPECT_STATUS(gen([](auto& g) { g.top_p = std::nanf(""); }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("top_p"));
-  EXPECT_STATUS(gen([](auto& g) { g.top_k = -1; }), FLASHKV_ERROR_INVALID_ARGUMENT, arg("top_k"));
-  const flashkv_generate_options g1 = greedy(20);
-  EXPECT_STATUS(flashkv_engine_generate_text(e_, nullptr, 5, &g1, out, 20, &n, nullptr),
-                FLASHKV_ERROR_INVALID_ARGUMENT, arg("prompt"));
-  // tokenize / detokenize / info / batch
-  EXPECT_STATUS(flashkv_engine_tokenize(e_, "ab", 2, -1, out, 10, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("n_tokens"));
-  EXPECT_STATUS(flashkv_engine_tokenize(e_, "ab", 2, 2, out, 10, &n), FLASHKV_ERROR_INVALID_ARGUMENT, arg("add_bos"));
-  EXPECT_STATUS(flashkv_engine_tokenize(e_, nullptr, 2, -1, out, 10, &n), FLASHKV_ERROR_INVALID_ARGUMENT, arg("text"));
-  EXPECT_STATUS(flashkv_engine_tokenize(e_, "ab", 2, -1, out, -1, &n), FLASHKV_ERROR_INVALID_ARGUMENT, arg("capacity"));
-  EXPECT_STATUS(flashkv_engine_tokenize(e_, "ab", 2, -1, nullptr, 10, &n), FLASHKV_ERROR_INVALID_ARGUMENT, arg("tokens"));
-  EXPECT_STATUS(flashkv_engine_tokenize(nullptr, "ab", 2, -1, out, 10, &n), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("engine"));
-  size_t len = 0;
-  char text[64];
-  const int32_t bad[2] = {5, 9999};
-  EXPECT_STATUS(flashkv_engine_detokenize(e_, bad, 2, text, 64, &len), FLASHKV_ERROR_INVALID_ARGUMENT, arg("token"));
-  EXPECT_STATUS(flashkv_engine_detokenize(e_, bad, -1, text, 64, &len), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("n_tokens"));
-  EXPECT_STATUS(flashkv_engine_detokenize(e_, nullptr, 2, text, 64, &len), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("tokens"));
-  EXPECT_STATUS(flashkv_engine_detokenize(e_, bad, 1, text, 64, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT,
-                arg("text_len"));
-  EXPECT_STATUS(flashkv_engine_detokenize(e_, bad, 1, nullptr, 64, &len), FLASHKV_ERROR_INVALID_ARGUMENT, arg("text"));
-  flashkv_engine_info info{};
-  info.struct_size = 12;
-  EXPECT_STATUS(flashkv_engine_get_info(e_, &info), FLASHKV_ERROR_INVALID_ARGUMENT, arg("info.struct_size"));
-  EXPECT_STATUS(flashkv_engine_get_info(e_, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("info"));
-  EXPECT_STATUS(flashkv_engine_get_info(nullptr, &info), FLASHKV_ERROR_INVALID_ARGUMENT, arg("engine"));
-  flashkv_engine_event ev{};
-  EXPECT_STATUS(flashkv_engine_add(e_, p.data(), np, &g0, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("first"));
-  EXPECT_STATUS(flashkv_engine_add(e_, badtok.data(), np, &g0, &ev), FLASHKV_ERROR_INVALID_ARGUMENT, arg("tokens[2]"));
-  EXPECT_STATUS(flashkv_engine_add(nullptr, p.data(), np, &g0, &ev), FLASHKV_ERROR_INVALID_ARGUMENT, arg("engine"));
-  int32_t ne = 0;
-  EXPECT_STATUS(flashkv_engine_step(e_, &ev, 1, nullptr), FLASHKV_ERROR_INVALID_ARGUMENT, arg("n_events"));
-  EXPECT_STATUS(flashkv_engine_retire(e_, 0), FLASHKV_ERROR_INVALID_ARGUMENT, arg("seq"));
-  EXPECT_STATUS(flashkv_engine_retire(nullptr, 0), FLASHKV_ERROR_INVALID_ARGUMENT, arg("engine"));
-  // the rejected add took no sequence: the engine's only slot is free for a request, whose step needs room for 1 event
-  ASSERT_EQ(flashkv_engine_add(e_, p.data(), np, &g0, &ev), FLASHKV_OK) << last_error();
-  EXPECT_STATUS(flashkv_engine_step(e_, nullptr, 1, &ne), FLASHKV_ERROR_INVALID_ARGUMENT, arg("events"));
-  EXPECT_STATUS(flashkv_engine_step(e_, &ev, 0, &ne), FLASHKV_ERROR_INVALID_ARGUMENT, arg("capacity"));
-  // the only sequence is taken: generate is refused with CAPACITY until the request retires
-  EXPECT_STATUS(flashkv_engine_generate(e_, p.data(), np, &g0, out, 20, &n, nullptr), FLASHKV_ERROR_CAPACITY, "");
-  ASSERT_EQ(flashkv_engine_retire(e_, ev.seq), FLASHKV_OK);
-  EXPECT_EQ(generate(e_, p, g0).size(), 20u);
 }
 
 }  // namespace
