@@ -67,6 +67,11 @@ struct EngineOptions {
   int64_t kv_capacity_pages = 0;
 };
 
+/// Parses a device name into EngineOptions::device / device_index (other fields keep their defaults): "cpu", "cuda"
+/// (device 0) or "cuda:N" (N: 0..999). What `--device`, the C ABI's options.device and Python's device= mean. Throws
+/// Error naming `argument` (expected "cpu, cuda or cuda:N") for anything else.
+EngineOptions parse_engine_device(const std::string& device, const std::string& argument = "device");
+
 /// One model + one KV cache holding up to `max_sequences` sequences of up to `max_context` tokens each (0 = the
 /// model's seq_len; must be <= seq_len). `model` is referenced, not copied: it must outlive the engine. The cache is a
 /// PagedKVCache with page_size from the spec and a pool of options.kv_capacity_pages pages (default

@@ -7,6 +7,7 @@ from ._library import CapacityError, UnsupportedError, library_path
 from ._attention import attention, attention_backward, attention_varlen, attention_varlen_backward
 from ._decode import paged_decode  # split-KV paged decode on CUDA (flashkv_cuda_decode; python/flashkv/_decode.py)
 from .kvcache import KVCache, kv_memory_estimate  # noqa: F401  (quantized paged KV cache; python/flashkv/kvcache.py)
+from .engine import Engine, EngineEvent  # noqa: F401  (generation engine; python/flashkv/engine.py)
 
 __version__ = "0.1.0"  # kept equal to project(flashkv VERSION ...) in CMakeLists.txt (checked by tests/python)
 
@@ -34,6 +35,10 @@ __all__ = [
     "attention_varlen",
     "attention_varlen_backward",
     "paged_decode",
+    "KVCache",
+    "kv_memory_estimate",
+    "Engine",
+    "EngineEvent",
     "library_path",
     "library_version",
     "last_kernel_path",

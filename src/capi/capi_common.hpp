@@ -1,6 +1,8 @@
 // Internal helpers shared by every capi_*.cpp: exception → status translation and C → C++ tensor conversion.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <new>
 #include <string>
@@ -36,6 +38,20 @@ flashkv_status guard(F&& fn) noexcept {
     return FLASHKV_ERROR_INTERNAL;
   }
 }
+
+/// Throws Error naming '<name>.struct_size' unless min_size <= size <= max_size (a struct_size smaller than the fields
+/// the library needs, or larger than it knows: options a newer caller set must never be silently ignored).
+inline void check_struct_size(uint32_t size, std::size_t min_size, std::size_t max_size, const char* name) {
+  if (size < min_size || size > max_size) {
+    throw Error(std::string(name) + ".struct_size",
+                std::to_string(min_size) + ".." + std::to_string(max_size) + " bytes (set it to sizeof(...))",
+                std::to_string(size));
+  }
+}
+
+/// Whether the caller's struct_size covers `field` of struct T (fields appended later are read only when covered).
+#define FLASHKV_COVERS(T, ptr, field) \
+  (static_cast<std::size_t>((ptr)->struct_size) >= offsetof(T, field) + sizeof(T::field))
 
 /// Converts a C tensor; throws Error naming `name` for NULL, bad ndim, unknown dtype/device.
 TensorView to_view(const flashkv_tensor* t, const char* name);

@@ -18,17 +18,6 @@ struct flashkv_kv_cache {
 namespace flashkv::capi {
 namespace {
 
-void check_struct_size(uint32_t size, std::size_t min_size, std::size_t max_size, const char* name) {
-  if (size < min_size || size > max_size) {
-    throw Error(std::string(name) + ".struct_size",
-                std::to_string(min_size) + ".." + std::to_string(max_size) + " bytes (set it to sizeof(...))",
-                std::to_string(size));
-  }
-}
-
-#define FLASHKV_COVERS(T, ptr, field) \
-  (static_cast<std::size_t>((ptr)->struct_size) >= offsetof(T, field) + sizeof(T::field))
-
 KVCacheConfig to_config(const flashkv_kv_cache_config* c) {
   if (c == nullptr) throw Error("cfg", "a flashkv_kv_cache_config", "NULL pointer");
   check_struct_size(c->struct_size, offsetof(flashkv_kv_cache_config, capacity_bytes) + sizeof(int64_t),
@@ -112,8 +101,6 @@ PagedKVCache& get(flashkv_kv_cache* c) {
   if (c == nullptr) throw Error("cache", "a flashkv_kv_cache from flashkv_kv_cache_create", "NULL pointer");
   return c->cache;
 }
-
-#undef FLASHKV_COVERS
 
 }  // namespace
 }  // namespace flashkv::capi

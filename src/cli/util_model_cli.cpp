@@ -43,21 +43,7 @@ void add_kv_options(CLI::App* sub, KvOptions& o) {
   add_count_option(sub, "--page-size", o.page_size, "tokens per cache page (power of two, 16-256)", 1, 1 << 20);
 }
 
-EngineOptions DeviceOptions::engine() const {
-  EngineOptions o;
-  if (device == "cpu") return o;
-  if (device == "cuda") {
-    o.device = Device::cuda;
-    return o;
-  }
-  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() < 9 &&
-      device.find_first_not_of("0123456789", 5) == std::string::npos) {
-    o.device = Device::cuda;
-    o.device_index = std::stoi(device.substr(5));
-    return o;
-  }
-  throw Error("device", "cpu, cuda or cuda:N", "'" + device + "'");
-}
+EngineOptions DeviceOptions::engine() const { return parse_engine_device(device, "device"); }
 
 void add_device_option(CLI::App* sub, DeviceOptions& o) {
   sub->add_option("--device", o.device,

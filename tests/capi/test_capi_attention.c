@@ -9,23 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "capi_check.h"
 #include "flashkv/flashkv.h"
 #include "ref_attention.h"
-
-static int g_passed = 0, g_failed = 0;
-static uint64_t g_seed = 0;
-
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      ++g_passed;                                                     \
-    } else {                                                          \
-      ++g_failed;                                                     \
-      fprintf(stderr, "FAIL %s:%d (seed %" PRIu64 "): ", __FILE__, __LINE__, g_seed); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fprintf(stderr, "\n");                                          \
-    }                                                                 \
-  } while (0)
 
 /* ---- random numbers (splitmix64) ---------------------------------------------------------------------------- */
 static uint64_t g_rng = 0;
@@ -463,6 +449,5 @@ int main(void) {
   run_varlen_case();
   run_error_cases();
 
-  printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return capi_check_summary();
 }

@@ -5,11 +5,10 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 
+#include "engine/dlopen_first.hpp"
 #include "flashkv/error.hpp"
 
 namespace flashkv::engine_cuda {
@@ -30,26 +29,16 @@ struct CublasApi {
 const CublasApi& api() {
   static const CublasApi a = [] {
     CublasApi r;
-    std::vector<std::string> candidates;
-    if (const char* p = std::getenv("FLASHKV_CUBLAS"); p != nullptr && p[0] != '\0') candidates.emplace_back(p);
-    candidates.emplace_back("libcublas.so.13");
-    candidates.emplace_back("/usr/local/cuda/lib64/libcublas.so.13");
-    std::string tried;
-    for (const std::string& path : candidates) {
-      void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (h == nullptr) {
-        tried += (tried.empty() ? "" : "; ") + path + ": " + ::dlerror();
-        continue;
-      }
-      r.create = reinterpret_cast<decltype(r.create)>(::dlsym(h, "cublasCreate_v2"));
-      r.destroy = reinterpret_cast<decltype(r.destroy)>(::dlsym(h, "cublasDestroy_v2"));
-      r.gemm_ex = reinterpret_cast<decltype(r.gemm_ex)>(::dlsym(h, "cublasGemmEx"));
-      r.status_name = reinterpret_cast<decltype(r.status_name)>(::dlsym(h, "cublasGetStatusName"));
-      if (r.create && r.destroy && r.gemm_ex && r.status_name) return r;
-      tried += (tried.empty() ? "" : "; ") + path + ": missing cublasCreate_v2 / cublasGemmEx";
-      ::dlclose(h);
-    }
-    r.error = "flashkv: the CUDA engine needs cuBLAS 13 (libcublas.so.13) and could not load it (" + tried +
+    const engine_detail::DlopenResult lib = engine_detail::dlopen_first(
+        "FLASHKV_CUBLAS", {"libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13"}, [&r](void* h) -> std::string {
+          r.create = reinterpret_cast<decltype(r.create)>(::dlsym(h, "cublasCreate_v2"));
+          r.destroy = reinterpret_cast<decltype(r.destroy)>(::dlsym(h, "cublasDestroy_v2"));
+          r.gemm_ex = reinterpret_cast<decltype(r.gemm_ex)>(::dlsym(h, "cublasGemmEx"));
+          r.status_name = reinterpret_cast<decltype(r.status_name)>(::dlsym(h, "cublasGetStatusName"));
+          return r.create && r.destroy && r.gemm_ex && r.status_name ? "" : "missing cublasCreate_v2 / cublasGemmEx";
+        });
+    if (lib.handle != nullptr) return r;
+    r.error = "flashkv: the CUDA engine needs cuBLAS 13 (libcublas.so.13) and could not load it (" + lib.tried +
               "); put its directory on LD_LIBRARY_PATH or set FLASHKV_CUBLAS to the file";
     return r;
   }();
