@@ -130,6 +130,18 @@ class Engine {
   /// rounding of a CDF step).
   std::vector<int32_t> sample(std::span<Sampler* const> samplers);
 
+  /// Benchmark support (`flashkv bench engine --fill synthetic`): appends `n_tokens` (>= 1) tokens of synthetic K/V
+  /// to every layer of sequence `seq` (positions length(seq) ..) WITHOUT running the model, so that a decode can be
+  /// timed at a context of thousands of tokens over hundreds of sequences without their prefill. K/V element (half,
+  /// layer, position, kv-head, channel) is one of the 256 values (k − 128) / 64, k uniform from a counter-based hash of
+  /// those coordinates and `seed` (src/engine/synthetic_kv.hpp): exact in every dtype, the same on the CPU and the
+  /// GPU, quantized on write like the model's K/V. Later logits therefore belong to no prompt; what is real is the
+  /// cache (its format, size, pages) and the cost of writing and reading it. Clears the kept logits (sample() needs a
+  /// prefill / extend / decode call first).
+  /// Throws Error naming 'seq' (not live), 'n_tokens' (< 1, or length(seq) + n_tokens > max_context());
+  /// CapacityError when the pool lacks the pages (checked first: nothing written).
+  void append_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed = 0);
+
   KVMemory memory() const;
 
  private:

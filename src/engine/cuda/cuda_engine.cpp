@@ -25,6 +25,7 @@
 #include "engine/cuda/gemm.hpp"
 #include "engine/cuda/layer_kernels.hpp"
 #include "engine/cuda/sample_kernels.hpp"
+#include "engine/cuda/synthetic_fill.hpp"
 #include "engine/engine_backend.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/decode.hpp"
@@ -125,6 +126,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
   void run(std::span<const Segment> segs, std::span<const int32_t> tokens, bool fresh, int32_t first, int32_t rows,
            std::span<float> logits_out) override;
   std::vector<int32_t> sample(std::span<Sampler* const> samplers, int32_t row0) override;
+  void append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed) override;
 
  private:
   /// The device cache's config, or UnsupportedError for what the device engine cannot run.
@@ -205,6 +207,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
   int cap_rows_ = 0;
   DevMem x_, xb_, qkv_, q_, k_, v_, att_, gu_, hb_, ids_;
   DevMem logits_;
+  DevMem synthetic_;  ///< K then V staging of append_synthetic (grown on demand)
   int32_t logit_rows_ = 0;
   SampleWorkspace sample_ws_;
 };
@@ -301,6 +304,26 @@ std::vector<int32_t> CudaEngine::sample(std::span<Sampler* const> samplers, int3
   const size_t V = static_cast<size_t>(model_.config.vocab_size);
   return sample_rows(logits_.as<float>() + static_cast<size_t>(row0) * V, static_cast<int64_t>(V), p.data(),
                      static_cast<int>(p.size()), sample_ws_, nullptr);
+}
+
+/// Synthetic K/V staged on the device in the attention dtype (the 16-bit caches take only their own type) and appended
+/// through the device PagedKVCache's append, up to 32768 tokens per layer and call.
+void CudaEngine::append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed) {
+  cuda::DeviceGuard guard(device_);
+  const ModelConfig& c = model_.config;
+  const int Hk = c.num_heads_kv, hd = c.head_dim;
+  const int chunk = std::min(n, 32768);
+  const size_t half_bytes = static_cast<size_t>(chunk) * Hk * hd * 2;
+  if (synthetic_.bytes() < 2 * half_bytes) synthetic_ = DevMem(2 * half_bytes);
+  uint16_t* k = synthetic_.as<uint16_t>();
+  uint16_t* v = k + half_bytes / 2;
+  for (int p = 0; p < n; p += chunk) {
+    const int m = std::min(chunk, n - p);
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      synthetic_kv(seed, l, c.n_layers, static_cast<int64_t>(pos0) + p, m, Hk, hd, fp16_, k, v, nullptr);
+      kv_.append(seq, l, dev_view(k, att_dtype_, {m, Hk, hd}), dev_view(v, att_dtype_, {m, Hk, hd}));
+    }
+  }
 }
 
 std::unique_ptr<engine_detail::EngineBackend> make_cuda_engine(const Model& m, const KVCacheConfig& kc,
