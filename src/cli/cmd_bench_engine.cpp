@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cstdio>
 
@@ -75,9 +76,11 @@ void run_batched(const BenchEngineArgs& a) {
     throw Error("--kv-pool", "a pool size (e.g. 100GiB) with --batch max or --capacity-context", "none");
   if (o.capacity_context > 0 && std::find(o.contexts.begin(), o.contexts.end(), o.capacity_context) == o.contexts.end())
     throw Error("--capacity-context", "one of --contexts " + a.contexts, std::to_string(o.capacity_context));
+  const int32_t points = static_cast<int32_t>(std::set<int32_t>(o.batches.begin(), o.batches.end()).size());
   for (int32_t c : o.contexts)
-    if (c < o.warmup + o.n_gen + 1)
-      throw Error("--contexts", ">= --warmup + --n-gen + 1 = " + std::to_string(o.warmup + o.n_gen + 1) + " tokens",
+    if (c < points * (o.warmup + o.n_gen) + 1)
+      throw Error("--contexts", ">= " + std::to_string(points) + " batch points x (--warmup + --n-gen) + 1 = " +
+                                    std::to_string(points * (o.warmup + o.n_gen) + 1) + " tokens",
                   std::to_string(c));
   cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   KVCacheSpec defaults;
@@ -105,10 +108,12 @@ void run_batched(const BenchEngineArgs& a) {
                    x.batch == 0 ? "max" : std::to_string(x.batch).c_str(),
                    x.status.c_str(), x.message.c_str());
   });
-  std::printf("flashkv bench engine --batch: %s on %s; per context C each of B sequences holds D = C - %d - %d tokens "
-              "(%s, not timed), then %d warm-up and up to %d timed steps (decode + greedy sample of all B)\n\n",
+  std::printf("flashkv bench engine --batch: %s on %s; per context C, P batch points in ascending order: a point's new "
+              "sequences are filled to D = C - P x (%d + %d) tokens (%s, not timed), earlier ones continue; up to %d "
+              "warm-up and %d timed steps (decode + greedy sample of all B)%s\n\n",
               a.model.c_str(), a.device.device.c_str(), o.warmup, o.n_gen,
-              o.synthetic ? "synthetic K/V appended without the model" : "prefilled through the cache", o.warmup, o.n_gen);
+              o.synthetic ? "synthetic K/V appended without the model" : "prefilled through the cache", o.warmup,
+              o.n_gen, o.point_seconds > 0 ? (", each loop stopping after " + std::to_string(o.point_seconds) + " s").c_str() : "");
   std::fputs(eval::batch_decode_table(r).c_str(), stdout);
   if (a.json.empty()) return;
   nlohmann::json j = eval::run_info();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <set>
 
 #include "eval/serve.hpp"
 #include "flashkv/error.hpp"
@@ -42,13 +43,15 @@ void check(const BatchDecodeOptions& o) {
   if (o.batches.empty()) throw Error("batches", "at least one batch", "none");
   if (o.warmup < 0) throw Error("warmup", ">= 0 steps", std::to_string(o.warmup));
   if (o.n_gen < 1) throw Error("n_gen", ">= 1 timed steps", std::to_string(o.n_gen));
-  for (int32_t c : o.contexts)
-    if (c < o.warmup + o.n_gen + 1)
-      throw Error("contexts", ">= warmup + n_gen + 1 = " + std::to_string(o.warmup + o.n_gen + 1) +
-                                  " tokens (a depth of at least one token before the steps)",
-                  std::to_string(c));
   for (int32_t b : o.batches)
     if (b < 0) throw Error("batches", "batch sizes >= 1 or 0 (= max)", std::to_string(b));
+  const int64_t points = static_cast<int64_t>(std::set<int32_t>(o.batches.begin(), o.batches.end()).size());
+  for (int32_t c : o.contexts)
+    if (c < points * (o.warmup + o.n_gen) + 1)
+      throw Error("contexts", ">= points · (warmup + n_gen) + 1 = " + std::to_string(points * (o.warmup + o.n_gen) + 1) +
+                                  " tokens (each of the " + std::to_string(points) +
+                                  " batch points decodes its steps on top of a fill of at least one token)",
+                  std::to_string(c));
   if (o.batch_cap < 1) throw Error("batch_cap", ">= 1", std::to_string(o.batch_cap));
   if (o.probe_cap < 1) throw Error("probe_cap", ">= 1", std::to_string(o.probe_cap));
   if (o.pool_bytes < 0) throw Error("pool_bytes", ">= 0 (0 = enough for the largest batch)", std::to_string(o.pool_bytes));
@@ -95,7 +98,17 @@ class FormatRun {
     eo.kv_capacity_pages = std::max<int64_t>(1, f.pool_pages);
     const auto t0 = clock_type::now();
     try {
-      engine_ = std::make_unique<Engine>(m_, spec_, max_batch + 1, max_ctx, eo);
+      for (int attempt = 0;; ++attempt) {
+        try {
+          engine_ = std::make_unique<Engine>(m_, spec_, max_batch + 1, max_ctx, eo);
+          break;
+        } catch (const CapacityError& e) {  // the pool (or the weights next to it) does not fit: 10% less, twice
+          if (o_.pool_bytes == 0 || attempt == 2) throw;
+          f.message += std::string(f.message.empty() ? "" : "; ") + "pool of " +
+                       std::to_string(eo.kv_capacity_pages) + " pages refused (" + e.what() + "), retried 10% smaller";
+          eo.kv_capacity_pages = eo.kv_capacity_pages * 9 / 10;
+        }
+      }
     } catch (const UnsupportedError& e) {
       f.status = "unsupported";
       f.message = e.what();
@@ -109,6 +122,8 @@ class FormatRun {
     }
     f.engine_seconds = since(t0);
     f.status = "ok";
+    f.pool_pages = eo.kv_capacity_pages;
+    f.pool_bytes = f.pool_pages * f.page_bytes;
     out_.formats.push_back(f);
     pool_pages_ = eo.kv_capacity_pages;
     for (int32_t ctx : o_.contexts) {
@@ -140,14 +155,13 @@ class FormatRun {
     }
   }
 
-  BatchDecodeRow base_row(int32_t ctx, int32_t b) const {
+  BatchDecodeRow base_row(int32_t ctx, int32_t b, int32_t depth = 0) const {
     BatchDecodeRow r;
     r.kv_cache = spec_.label();
     r.context = ctx;
     r.batch = b;
     r.is_max = b == 0;
-    r.depth = ctx - o_.warmup - o_.n_gen;
-    r.warmup = o_.warmup;
+    r.depth = depth;
     return r;
   }
 
@@ -179,17 +193,10 @@ class FormatRun {
     return s;
   }
 
-  /// The first `count` sequences hold exactly `depth` tokens (refilling the ones a previous point decoded).
+  /// At least `count` live sequences: new ones filled to `depth` tokens, earlier ones kept as a previous point left
+  /// them (at most points · (warmup + n_gen) tokens longer).
   void ensure(int32_t count, int32_t depth) {
-    for (int32_t i = 0; i < count; ++i) {
-      if (static_cast<std::size_t>(i) < seqs_.size()) {
-        if (engine_->length(seqs_[static_cast<std::size_t>(i)]) == depth) continue;
-        engine_->remove_sequence(seqs_[static_cast<std::size_t>(i)]);
-        seqs_[static_cast<std::size_t>(i)] = filled(depth, static_cast<uint64_t>(i));
-      } else {
-        seqs_.push_back(filled(depth, static_cast<uint64_t>(i)));
-      }
-    }
+    while (static_cast<int32_t>(seqs_.size()) < count) seqs_.push_back(filled(depth, seqs_.size()));
   }
 
   void run_context(int32_t ctx) {
@@ -213,15 +220,20 @@ class FormatRun {
     if (wants_max && cap.max_batch > 0 && std::find(order.begin(), order.end(), cap.max_batch) == order.end())
       order.push_back(static_cast<int32_t>(cap.max_batch));
     std::sort(order.begin(), order.end());
+    // Every point's sequences continue from where the previous point left them (no refill): the fill depth leaves
+    // room for all the points' steps, so no sequence passes C.
+    const int32_t points = std::max<int32_t>(
+        1, static_cast<int32_t>(std::count_if(order.begin(), order.end(), [&](int32_t b) { return b <= cap.fit; })));
+    const int32_t depth = ctx - points * (o_.warmup + o_.n_gen);
     if (wants_max && cap.max_batch == 0) {
-      BatchDecodeRow r = base_row(ctx, 0);
+      BatchDecodeRow r = base_row(ctx, 0, depth);
       r.status = "does not fit";
       r.message = "not one sequence of " + std::to_string(ctx) + " tokens fits the pool of " +
                   std::to_string(pool_pages_) + " pages";
       emit(std::move(r));
     }
     for (int32_t b : order) {
-      BatchDecodeRow r = base_row(ctx, b);
+      BatchDecodeRow r = base_row(ctx, b, depth);
       r.is_max = wants_max && b == cap.max_batch;
       if (b > cap.fit) {
         r.status = "does not fit";
@@ -268,6 +280,8 @@ class FormatRun {
     ensure(B, r.depth);
     r.fill_seconds = since(tf);
     const std::vector<int32_t> ids(seqs_.begin(), seqs_.begin() + B);
+    std::vector<int32_t> len(static_cast<std::size_t>(B));
+    for (int32_t i = 0; i < B; ++i) len[static_cast<std::size_t>(i)] = engine_->length(ids[static_cast<std::size_t>(i)]);
     std::vector<int32_t> tokens(static_cast<std::size_t>(B));
     for (int32_t i = 0; i < B; ++i)
       tokens[static_cast<std::size_t>(i)] =
@@ -282,16 +296,25 @@ class FormatRun {
       engine_->decode(ids, tokens, {});
       tokens = engine_->sample(ptrs);
     };
-    for (int32_t w = 0; w < o_.warmup; ++w) step();
+    const auto tw = clock_type::now();
+    for (int32_t w = 0; w < o_.warmup; ++w) {
+      step();
+      ++r.warmup;
+      for (int32_t& n : len) ++n;
+      if (o_.point_seconds > 0 && since(tw) >= o_.point_seconds) break;  // a slow step needs less warming
+    }
     const auto t0 = clock_type::now();
     double kv = 0.0, ctx_sum = 0.0;
     for (int32_t i = 0; i < o_.n_gen; ++i) {
-      const int32_t attended = r.depth + o_.warmup + i + 1;  // the step's own token included
       const auto ts = clock_type::now();
       step();
       r.step_ms.push_back(since(ts) * 1e3);
-      kv += B * kv_read_bytes(kc_, attended);
-      ctx_sum += attended;
+      for (int32_t& n : len) {  // tokens attended: the history and the step's own token
+        ++n;
+        kv += kv_read_bytes(kc_, n);
+        ctx_sum += n;
+        r.context_max = std::max(r.context_max, n);
+      }
       if (o_.point_seconds > 0 && since(t0) >= o_.point_seconds) break;
     }
     const double secs = since(t0);
@@ -302,7 +325,7 @@ class FormatRun {
     r.step_ms_mean = sum / r.steps;
     r.step_ms_median = percentile(r.step_ms, 50.0);
     r.step_ms_min = *std::min_element(r.step_ms.begin(), r.step_ms.end());
-    r.context_mean = ctx_sum / r.steps;
+    r.context_mean = ctx_sum / (static_cast<double>(r.steps) * B);
     r.kv_read_bytes_per_step = kv / r.steps;
     r.weight_bytes_per_step = decode_weight_bytes(m_.config, o_.engine.device, B);
   }

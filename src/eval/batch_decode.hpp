@@ -4,15 +4,17 @@
 //
 // PROTOCOL (per format one Engine: max_context = the largest context, max_sequences = the largest batch, the page pool
 // = pool_bytes / page_bytes pages, or enough for the largest numeric batch at the largest context when pool_bytes = 0):
-//   per context C, per batch B in ascending order:
-//     B sequences hold depth D = C − warmup − n_gen tokens each (not timed): filled with Engine::append_synthetic
-//     (synthetic = true: seeded synthetic K/V written straight into the cache, no model compute) or with
-//     Engine::extend over arbitrary token ids in ubatch-token chunks (synthetic = false: a real prefill through the
-//     cache). A sequence that a previous batch decoded is removed and filled again, so every point starts at D.
-//     `warmup` untimed steps, then up to n_gen timed steps (after at least one, stopping once point_seconds have
-//     passed, when point_seconds > 0). A step = Engine::decode of the B sequences (one token each, the tokens sampled
-//     by the previous step) + Engine::sample (greedy, on the engine's device): the generation loop's step, which ends
-//     with the sampled tokens on the host. Wall clock (steady_clock) per step.
+//   per context C, per batch B in ascending order (P points at C):
+//     the point decodes sequences 0 .. B−1. Sequences new to this point are filled to depth D = C − P·(warmup + n_gen)
+//     tokens (not timed) with Engine::append_synthetic (synthetic = true: seeded synthetic K/V written straight into
+//     the cache, no model compute) or with Engine::extend over arbitrary token ids in ubatch-token chunks
+//     (synthetic = false: a real prefill through the cache); the others continue from where the previous point left
+//     them (no refill), so no sequence passes C and a point's sequences attend between D and C tokens: each row
+//     reports the mean and the largest count attended.
+//     Up to `warmup` untimed steps, then up to n_gen timed steps (with point_seconds > 0 each loop stops, after at
+//     least one step, once point_seconds have passed). A step = Engine::decode of the B sequences (one token each, the
+//     tokens sampled by the previous step) + Engine::sample (greedy, on the engine's device): the generation loop's
+//     step, which ends with the sampled tokens on the host. Wall clock (steady_clock) per step.
 //   B = 0 means "max": the most sequences of C tokens the pool holds, min(batch_cap, pool_pages / pages of a C-token
 //   sequence) — a C-token sequence's pages by kv_memory_estimate (the cache's exact formula); a numeric B above it is
 //   reported "does not fit" (never clamped). At capacity_context == C that number is also MEASURED: sequences are
@@ -21,6 +23,8 @@
 //   Bytes per step: weight_bytes (the engine's device copy: bf16 matrices + float32 norms + B float32 embedding rows on
 //   cuda; everything float32 on the cpu) + Σ_b the codes + metadata (+ 16-bit windows) of the n_b tokens sequence b
 //   attends (kv_memory_estimate), averaged over the timed steps.
+//   A pool the device refuses (CapacityError at construction) is retried 10% smaller, twice (noted in the format's
+//   message).
 // A format the engine cannot run (UnsupportedError: e.g. KIVI on cuda) is reported with its message, not dropped.
 #pragma once
 
@@ -36,7 +40,7 @@
 namespace flashkv::eval {
 
 struct BatchDecodeOptions {
-  std::vector<int32_t> contexts = {1024};  ///< C, each >= warmup + n_gen + 1
+  std::vector<int32_t> contexts = {1024};  ///< C, each >= (distinct batches) · (warmup + n_gen) + 1
   std::vector<int32_t> batches = {1};      ///< B >= 1, or 0 = "max"
   int32_t warmup = 2, n_gen = 16;
   double point_seconds = 0.0;  ///< > 0: stop timing a point after this many seconds (at least one timed step)
@@ -53,16 +57,18 @@ struct BatchDecodeOptions {
 
 struct BatchDecodeRow {
   std::string kv_cache;  ///< KVCacheSpec::label()
-  int32_t context = 0, batch = 0, depth = 0;
+  int32_t context = 0, batch = 0;
+  int32_t depth = 0;       ///< fill depth of this context's sequences
   bool is_max = false;     ///< this batch is the most sequences of this context that fit
   std::string status;      ///< "ok" | "does not fit" | "context > model" | "skipped" | "error"
   std::string message;     ///< why, when status != "ok"
-  int32_t warmup = 0, steps = 0;
+  int32_t warmup = 0, steps = 0;  ///< steps run (warm-up ones may stop early, see point_seconds)
   double fill_seconds = 0.0;
   std::vector<double> step_ms;  ///< per timed step
   double step_ms_mean = 0.0, step_ms_median = 0.0, step_ms_min = 0.0;
   double tokens_per_s = 0.0;    ///< batch · steps / timed seconds
-  double context_mean = 0.0;    ///< tokens attended per sequence, mean over the timed steps
+  double context_mean = 0.0;    ///< tokens attended per sequence and timed step (its own token included), mean
+  int32_t context_max = 0;      ///< ... the largest
   double kv_read_bytes_per_step = 0.0, weight_bytes_per_step = 0.0;
 };
 

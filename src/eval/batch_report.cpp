@@ -62,7 +62,7 @@ nlohmann::json batch_decode_to_json(const BatchDecodeResult& r) {
                          {"steps", x.steps}, {"fill_seconds", x.fill_seconds}, {"step_ms", x.step_ms},
                          {"step_ms_mean", x.step_ms_mean}, {"step_ms_median", x.step_ms_median},
                          {"step_ms_min", x.step_ms_min}, {"tokens_per_s", x.tokens_per_s},
-                         {"context_mean", x.context_mean}, {"kv_read_bytes_per_step", x.kv_read_bytes_per_step},
+                         {"context_mean", x.context_mean}, {"context_max", x.context_max}, {"kv_read_bytes_per_step", x.kv_read_bytes_per_step},
                          {"weight_bytes_per_step", x.weight_bytes_per_step}});
   return j;
 }
