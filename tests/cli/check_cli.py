@@ -131,10 +131,11 @@ MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", REPO.parent / "shared" / "mod
 def documented_commands(path):
     """Commands in the ```sh / ``` blocks of a markdown file: lines starting with `flashkv ` or `scripts/flashkv `,
     joined over trailing backslashes, trailing `# comment` dropped."""
-    cmds, block, pending = [], False, ""
+    cmds, fence, block, pending = [], False, False, ""
     for line in path.read_text().splitlines():
-        if line.startswith("```"):
-            block = not block and line.strip() in ("```", "```sh", "```bash")
+        if line.startswith("```"):  # a fence opens or closes a block; only sh / bash / plain blocks are commands
+            fence = not fence
+            block = fence and line.strip() in ("```", "```sh", "```bash")
             continue
         if not block:
             continue
