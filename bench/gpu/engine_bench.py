@@ -301,17 +301,16 @@ def run_streamed(cmd, log_path, timeout, env=None):
 
         th = threading.Thread(target=pump_out, daemon=True)
         th.start()
+        watchdog = threading.Timer(timeout, p.kill)  # a hung run is killed, its partial output kept
+        watchdog.start()
         for line in p.stderr:
             lf.write(line)
             print("   " + line.rstrip(), flush=True)
-        try:
-            p.wait(timeout=max(1, timeout - (time.time() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            return 124, "".join(out_lines)
+        p.wait()
+        watchdog.cancel()
         th.join()
-        return p.returncode, "".join(out_lines)
+        killed = time.time() - t0 >= timeout
+        return (124 if killed else p.returncode), "".join(out_lines)
 
 
 def run_model(a, shape, first, out, work):
@@ -583,7 +582,10 @@ def report(res, out):
     t8 = [r for r in res["models"] if r["shape"] == "llama3-8b"]
     if t8:
         md += ["## Targets (8B shape, 8k context)", ""] + targets(t8[0]) + [""]
-    md.append(f"Wall time: {res['wall_seconds']:.0f} s.")
+    phases = "; ".join(f"{r['shape']}: torch worker {r.get('worker_seconds', 0):.0f} s, flashkv "
+                       f"{r.get('flashkv_seconds', 0):.0f} s (model load {r.get('flashkv', {}).get('load_seconds', 0):.0f} s)"
+                       for r in res["models"])
+    md.append(f"Wall time: {res['wall_seconds']:.0f} s ({phases}).")
     text = "\n".join(md) + "\n"
     (out / "engine_bench.md").write_text(text)
     return text

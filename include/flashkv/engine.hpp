@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "flashkv/kvcache.hpp"
 #include "flashkv/model.hpp"
 #include "flashkv/sampler.hpp"
 #include "flashkv/tokenizer.hpp"
@@ -37,6 +38,12 @@ struct KVCacheSpec {
   /// Table label, e.g. "int2_kivi r32", "k:int8,v:int4 s4 hadamard".
   std::string label() const;
 };
+
+/// The PagedKVCache configuration an Engine builds for `spec` on a model of configuration `c`: layers, KV heads and
+/// head_dim from `c`; formats, page size, windows and rotation from `spec`; pool size and device left at their
+/// defaults (the Engine sets them from EngineOptions). For the memory formula (kv_memory_estimate) of an engine's
+/// cache before building it. Throws Error naming 'kv_cache_dtype' for a bad format string.
+KVCacheConfig kv_cache_config(const ModelConfig& c, const KVCacheSpec& spec);
 
 /// Memory used by the engine's KV cache (from PagedKVCache::memory_report()).
 struct KVMemory {

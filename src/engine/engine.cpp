@@ -283,6 +283,20 @@ struct Engine::Impl {
   }
 };
 
+KVCacheConfig kv_cache_config(const ModelConfig& c, const KVCacheSpec& spec) {
+  KVCacheConfig kc;
+  kc.num_layers = c.n_layers;
+  kc.num_heads_kv = c.num_heads_kv;
+  kc.head_dim = c.head_dim;
+  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
+  kc.page_size = spec.page_size;
+  kc.residual_tokens = spec.residual;
+  kc.sink_tokens = spec.sinks;
+  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
+  kc.rotation_seed = spec.rotation_seed;
+  return kc;
+}
+
 namespace {
 KVCacheConfig make_cache_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t context,
                                 const EngineOptions& o) {
@@ -295,16 +309,7 @@ KVCacheConfig make_cache_config(const Model& m, const KVCacheSpec& spec, int32_t
     throw Error("options.kv_capacity_pages", ">= 0 (0 = enough for every sequence)", std::to_string(o.kv_capacity_pages));
   if (o.device != Device::cpu && o.device != Device::cuda)
     throw Error("options.device", "cpu or cuda", std::to_string(static_cast<int>(o.device)));
-  KVCacheConfig kc;
-  kc.num_layers = c.n_layers;
-  kc.num_heads_kv = c.num_heads_kv;
-  kc.head_dim = c.head_dim;
-  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
-  kc.page_size = spec.page_size;
-  kc.residual_tokens = spec.residual;
-  kc.sink_tokens = spec.sinks;
-  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
-  kc.rotation_seed = spec.rotation_seed;
+  KVCacheConfig kc = kv_cache_config(c, spec);
   const int64_t pages_per_seq = (context + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
   kc.capacity_pages = o.kv_capacity_pages > 0 ? o.kv_capacity_pages : pages_per_seq * max_sequences;
   kc.device = o.device;

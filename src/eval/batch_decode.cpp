@@ -17,21 +17,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-/// The cache configuration the Engine builds for `spec` (engine.cpp make_cache_config), for the memory formula.
-KVCacheConfig cache_config(const ModelConfig& c, const KVCacheSpec& spec) {
-  KVCacheConfig kc;
-  kc.num_layers = c.n_layers;
-  kc.num_heads_kv = c.num_heads_kv;
-  kc.head_dim = c.head_dim;
-  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
-  kc.page_size = spec.page_size;
-  kc.residual_tokens = spec.residual;
-  kc.sink_tokens = spec.sinks;
-  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
-  kc.rotation_seed = spec.rotation_seed;
-  return kc;
-}
-
 /// Bytes a decode step reads from the cache for one sequence attending `tokens` tokens.
 double kv_read_bytes(const KVCacheConfig& kc, int64_t tokens) {
   const KVMemoryReport r = kv_memory_estimate(kc, 1, tokens);
@@ -69,7 +54,7 @@ class FormatRun {
  public:
   FormatRun(const Model& m, const KVCacheSpec& spec, const BatchDecodeOptions& o, BatchDecodeResult& out,
             const std::function<void(const BatchDecodeRow&)>& on_row, clock_type::time_point start)
-      : m_(m), spec_(spec), o_(o), out_(out), on_row_(on_row), start_(start), kc_(cache_config(m.config, spec)) {}
+      : m_(m), spec_(spec), o_(o), out_(out), on_row_(on_row), start_(start), kc_(kv_cache_config(m.config, spec)) {}
 
   void run() {
     const ModelConfig& c = m_.config;
@@ -357,7 +342,7 @@ BatchDecodeResult run_batch_decode(const Model& model, const std::vector<KVCache
                                    const BatchDecodeOptions& o,
                                    const std::function<void(const BatchDecodeRow&)>& on_row) {
   check(o);
-  for (const KVCacheSpec& s : specs) (void)kv_memory_estimate(cache_config(model.config, s), 1, 1);  // specs valid
+  for (const KVCacheSpec& s : specs) (void)kv_memory_estimate(kv_cache_config(model.config, s), 1, 1);  // specs valid
   BatchDecodeResult out;
   const auto start = clock_type::now();
   for (const KVCacheSpec& spec : specs) FormatRun(model, spec, o, out, on_row, start).run();

@@ -76,10 +76,10 @@ DevMem upload_f32(const float* h, size_t n) {
 DevMem upload_bf16(std::initializer_list<std::pair<const float*, size_t>> blocks) {
   size_t n = 0;
   for (const auto& b : blocks) n += b.second;
-  std::vector<uint16_t> h(n);
+  std::unique_ptr<uint16_t[]> h(new uint16_t[n]);  // not zero-filled: the parallel loop writes (and faults in) it
   size_t o = 0;
   for (const auto& b : blocks) {
-    uint16_t* dst = h.data() + o;
+    uint16_t* dst = h.get() + o;
     const float* src = b.first;
     const int64_t m = static_cast<int64_t>(b.second);
 #pragma omp parallel for schedule(static) if (m > (1 << 20))
@@ -87,7 +87,7 @@ DevMem upload_bf16(std::initializer_list<std::pair<const float*, size_t>> blocks
     o += b.second;
   }
   DevMem d(n * 2);
-  check_cuda(cudaMemcpy(d.as<void>(), h.data(), n * 2, cudaMemcpyHostToDevice), "engine: upload weights");
+  check_cuda(cudaMemcpy(d.as<void>(), h.get(), n * 2, cudaMemcpyHostToDevice), "engine: upload weights");
   return d;
 }
 
