@@ -331,7 +331,8 @@ def run_model(a, shape, first, out, work):
                  ((c, b) for c in a.contexts.split(",") for b in [int(x) for x in a.batches.split(",") if x != "max"])]
     spec = {"shape": shape, "dims": dims, "smoke": a.smoke, "seed": a.seed, "device": "cpu" if a.smoke else "cuda",
             "context_length": ctx_len, "ceilings": first, "gguf_out": None if real else str(gguf),
-            "hf": not a.no_hf, "hf_points": hf_points, "points": len(set(a.batches.split(","))), "hf_budget": a.hf_budget, "warmup": a.warmup,
+            "hf": not a.no_hf, "hf_points": hf_points, "points": len(set(a.batches.split(","))),
+            "hf_budget": a.hf_budget, "warmup": a.warmup,
             "n_gen": a.n_gen, "point_seconds": a.point_seconds, "hf_compile": a.hf_compile and shape == "llama3-8b",
             "hf_compile_point": (8192, 64), "result": str(Path(work) / f"{shape}-worker.json")}
     spec_path = Path(work) / f"{shape}-spec.json"
@@ -342,8 +343,10 @@ def run_model(a, shape, first, out, work):
     except subprocess.TimeoutExpired:
         rc = 124
     rec["worker_seconds"] = time.time() - t
-    if rc != 0:
-        raise SystemExit(f"torch worker for {shape} failed (exit {rc})")
+    if rc != 0 or not Path(spec["result"]).is_file():  # recorded; the other models still run
+        rec["flashkv_error"] = f"the torch worker (weights, GGUF, anchor) failed: exit {rc}; see the log above"
+        log("[error]", shape, rec["flashkv_error"])
+        return rec
     w = json.loads(Path(spec["result"]).read_text())
     rec.update({k: w.get(k) for k in ("build_seconds", "gguf_bytes", "gguf_seconds", "torch", "transformers", "gpu")})
     rec["hf"] = w["hf"]
