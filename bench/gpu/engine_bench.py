@@ -469,6 +469,9 @@ def main():
             for f in Path(work).glob("*.gguf"):
                 if not a.keep_gguf:
                     f.unlink()
+            res["wall_seconds"] = time.time() - t0  # written after each model: a run killed later keeps these
+            report(res, out)
+            (out / "engine_bench.json").write_text(json.dumps(res, indent=1))
     finally:
         if not a.keep_gguf:
             shutil.rmtree(work, ignore_errors=True)
