@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "flashkv/kvcache.hpp"
 #include "flashkv/model.hpp"
 #include "flashkv/sampler.hpp"
 #include "flashkv/tokenizer.hpp"
@@ -37,6 +38,12 @@ struct KVCacheSpec {
   /// Table label, e.g. "int2_kivi r32", "k:int8,v:int4 s4 hadamard".
   std::string label() const;
 };
+
+/// The PagedKVCache configuration an Engine builds for `spec` on a model of configuration `c`: layers, KV heads and
+/// head_dim from `c`; formats, page size, windows and rotation from `spec`; pool size and device left at their
+/// defaults (the Engine sets them from EngineOptions). For the memory formula (kv_memory_estimate) of an engine's
+/// cache before building it. Throws Error naming 'kv_cache_dtype' for a bad format string.
+KVCacheConfig kv_cache_config(const ModelConfig& c, const KVCacheSpec& spec);
 
 /// Memory used by the engine's KV cache (from PagedKVCache::memory_report()).
 struct KVMemory {
@@ -134,6 +141,18 @@ class Engine {
   /// random stream and the same distribution as the CPU sampler (tokens can differ only where u falls within float64
   /// rounding of a CDF step).
   std::vector<int32_t> sample(std::span<Sampler* const> samplers);
+
+  /// Benchmark support (`flashkv bench engine --fill synthetic`): appends `n_tokens` (>= 1) tokens of synthetic K/V
+  /// to every layer of sequence `seq` (positions length(seq) ..) WITHOUT running the model, so that a decode can be
+  /// timed at a context of thousands of tokens over hundreds of sequences without their prefill. K/V element (half,
+  /// layer, position, kv-head, channel) is one of the 256 values (k − 128) / 64, k uniform from a counter-based hash of
+  /// those coordinates and `seed` (src/engine/synthetic_kv.hpp): exact in every dtype, the same on the CPU and the
+  /// GPU, quantized on write like the model's K/V. Later logits therefore belong to no prompt; what is real is the
+  /// cache (its format, size, pages) and the cost of writing and reading it. Clears the kept logits (sample() needs a
+  /// prefill / extend / decode call first).
+  /// Throws Error naming 'seq' (not live), 'n_tokens' (< 1, or length(seq) + n_tokens > max_context());
+  /// CapacityError when the pool lacks the pages (checked first: nothing written).
+  void append_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed = 0);
 
   KVMemory memory() const;
 

@@ -57,31 +57,6 @@ struct Args {
   int64_t batch = 1;
 };
 
-/// "141GB", "16GiB", "1.5TB", "123456" -> bytes (decimal units: 1 GB = 10^9 B; binary: 1 GiB = 2^30 B).
-int64_t parse_bytes(const std::string& s, const char* arg) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    throw flashkv::Error(arg, "a size like 141GB, 16GiB or 123456 (bytes)", "'" + s + "'");
-  }
-  const std::string unit = s.substr(pos);
-  double mult = 0;
-  const std::pair<const char*, double> units[] = {{"", 1},       {"B", 1},          {"KB", 1e3},      {"MB", 1e6},
-                                                  {"GB", 1e9},   {"TB", 1e12},      {"KiB", 1024.0},  {"MiB", 1048576.0},
-                                                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  for (const auto& [u, m] : units) {
-    if (unit == u) mult = m;
-  }
-  if (mult == 0 || !(v >= 0) || !std::isfinite(v)) {
-    throw flashkv::Error(arg, "a size like 141GB, 16GiB or 123456 (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
-                         "'" + s + "'");
-  }
-  if (v * mult >= 9.2e18) throw flashkv::Error(arg, "a size below 8 EiB (byte counts are int64)", "'" + s + "'");
-  return static_cast<int64_t>(std::llround(v * mult));
-}
-
 /// Fails (exit 2) when a cache of this shape could not be counted in int64 bytes: every format stores at most
 /// 4 bytes of codes per element plus metadata, so 8 bytes per element, K and V, over tokens + one page of slack +
 /// residual + sinks per sequence bounds every report; the bound must stay below 2^62 bytes (4 EiB).
@@ -170,11 +145,11 @@ void run(Args a) {
                 std::to_string(a.layers) + "/" + std::to_string(a.kv_heads) + "/" + std::to_string(a.head_dim));
   }
   if (!a.weights.empty()) {
-    weights = parse_bytes(a.weights, "--weights");
+    weights = flashkv::cli::parse_bytes(a.weights, "--weights");
     weights_note = "--weights";
   }
   const int64_t tokens = flashkv::cli::parse_count(a.tokens, "--tokens", 1);
-  const int64_t memory = a.memory.empty() ? 0 : parse_bytes(a.memory, "--memory");
+  const int64_t memory = a.memory.empty() ? 0 : flashkv::cli::parse_bytes(a.memory, "--memory");
   check_countable(a, tokens);
   std::vector<std::string> formats;
   if (!a.kv_k.empty() || !a.kv_v.empty()) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <utility>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -78,6 +80,29 @@ std::vector<int64_t> parse_count_list(const std::string& s, const std::string& o
   std::vector<int64_t> out;
   for (const std::string& item : split_items(s, option, "counts")) out.push_back(parse_count(item, option, min, max));
   return out;
+}
+
+int64_t parse_bytes(const std::string& s, const std::string& option) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    throw Error(option, "a size like 141GB, 16GiB or 123456 (bytes)", in_quotes(s));
+  }
+  const std::string unit = s.substr(pos);
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {{"", 1},       {"B", 1},          {"KB", 1e3},      {"MB", 1e6},
+                                                  {"GB", 1e9},   {"TB", 1e12},      {"KiB", 1024.0},  {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (const auto& [u, m] : units) {
+    if (unit == u) mult = m;
+  }
+  if (mult == 0 || !(v >= 0) || !std::isfinite(v)) {
+    throw Error(option, "a size like 141GB, 16GiB or 123456 (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", in_quotes(s));
+  }
+  if (v * mult >= 9.2e18) throw Error(option, "a size below 8 EiB (byte counts are int64)", in_quotes(s));
+  return static_cast<int64_t>(std::llround(v * mult));
 }
 
 std::vector<std::string> parse_list(const std::string& s, const std::string& option) {

@@ -27,6 +27,10 @@ int64_t parse_count(const std::string& s, const std::string& option, int64_t min
 std::vector<int64_t> parse_count_list(const std::string& s, const std::string& option, int64_t min = 0,
                                       int64_t max = std::numeric_limits<int64_t>::max());
 
+/// "141GB", "16GiB", "1.5TB", "123456" -> bytes (decimal units: 1 GB = 10^9 B; binary: 1 GiB = 2^30 B; units B, KB,
+/// MB, GB, TB, KiB, MiB, GiB, TiB); non-negative, below 8 EiB.
+int64_t parse_bytes(const std::string& s, const std::string& option);
+
 /// A comma-separated list of non-empty words (surrounding spaces trimmed); at least one item.
 std::vector<std::string> parse_list(const std::string& s, const std::string& option);
 

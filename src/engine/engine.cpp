@@ -14,6 +14,7 @@
 
 #include "engine/blas.hpp"
 #include "engine/engine_backend.hpp"
+#include "engine/synthetic_kv.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/engine.hpp"
 #include "flashkv/error.hpp"
@@ -212,6 +213,27 @@ std::atomic<engine_detail::CudaEngineFactory> g_cuda_factory{nullptr};
 }  // namespace
 
 namespace engine_detail {
+void EngineBackend::append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed) {
+  const KVCacheConfig& c = cache().config();
+  const int32_t H = c.num_heads_kv, d = c.head_dim, L = c.num_layers;
+  const int32_t chunk = std::min(n, 4096);
+  std::vector<float> k(static_cast<std::size_t>(chunk) * H * d), v(k.size());
+  for (int32_t p0 = 0; p0 < n; p0 += chunk) {
+    const int32_t m = std::min(chunk, n - p0);
+    for (int32_t l = 0; l < L; ++l) {
+      std::size_t i = 0;
+      for (int32_t t = 0; t < m; ++t)
+        for (int32_t h = 0; h < H; ++h)
+          for (int32_t e = 0; e < d; ++e, ++i) {
+            k[i] = synthetic_kv_value(seed, 0, l, pos0 + p0 + t, h, e, L, H, d);
+            v[i] = synthetic_kv_value(seed, 1, l, pos0 + p0 + t, h, e, L, H, d);
+          }
+      cache().append(seq, l, TensorView::contiguous(k.data(), DType::float32, {m, H, d}),
+                     TensorView::contiguous(v.data(), DType::float32, {m, H, d}));
+    }
+  }
+}
+
 void register_cuda_engine(CudaEngineFactory factory) { g_cuda_factory.store(factory); }
 CudaEngineFactory cuda_engine_factory() { return g_cuda_factory.load(); }
 
@@ -261,6 +283,20 @@ struct Engine::Impl {
   }
 };
 
+KVCacheConfig kv_cache_config(const ModelConfig& c, const KVCacheSpec& spec) {
+  KVCacheConfig kc;
+  kc.num_layers = c.n_layers;
+  kc.num_heads_kv = c.num_heads_kv;
+  kc.head_dim = c.head_dim;
+  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
+  kc.page_size = spec.page_size;
+  kc.residual_tokens = spec.residual;
+  kc.sink_tokens = spec.sinks;
+  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
+  kc.rotation_seed = spec.rotation_seed;
+  return kc;
+}
+
 namespace {
 KVCacheConfig make_cache_config(const Model& m, const KVCacheSpec& spec, int32_t max_sequences, int32_t context,
                                 const EngineOptions& o) {
@@ -273,16 +309,7 @@ KVCacheConfig make_cache_config(const Model& m, const KVCacheSpec& spec, int32_t
     throw Error("options.kv_capacity_pages", ">= 0 (0 = enough for every sequence)", std::to_string(o.kv_capacity_pages));
   if (o.device != Device::cpu && o.device != Device::cuda)
     throw Error("options.device", "cpu or cuda", std::to_string(static_cast<int>(o.device)));
-  KVCacheConfig kc;
-  kc.num_layers = c.n_layers;
-  kc.num_heads_kv = c.num_heads_kv;
-  kc.head_dim = c.head_dim;
-  kc.with_kv_cache_dtype(spec.kv_cache_dtype);
-  kc.page_size = spec.page_size;
-  kc.residual_tokens = spec.residual;
-  kc.sink_tokens = spec.sinks;
-  kc.rotation = spec.rotate ? KVRotation::hadamard : KVRotation::none;
-  kc.rotation_seed = spec.rotation_seed;
+  KVCacheConfig kc = kv_cache_config(c, spec);
   const int64_t pages_per_seq = (context + spec.page_size - 1) / std::max(1, spec.page_size) + 1;
   kc.capacity_pages = o.kv_capacity_pages > 0 ? o.kv_capacity_pages : pages_per_seq * max_sequences;
   kc.device = o.device;
@@ -431,6 +458,18 @@ void Engine::decode(std::span<const int32_t> seqs, std::span<const int32_t> toke
   impl_->backend->run(segs, tokens, /*fresh=*/false, 0, rows, logits_out);
   impl_->kept_rows = rows;
   impl_->sample_row0 = 0;
+}
+
+void Engine::append_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed) {
+  const int32_t cached = length(seq);
+  if (n_tokens < 1 || static_cast<int64_t>(cached) + n_tokens > max_context())
+    throw Error("n_tokens", "1.." + std::to_string(max_context() - cached) + " tokens (context " +
+                                std::to_string(max_context()) + ", " + std::to_string(cached) + " cached)",
+                std::to_string(n_tokens));
+  const Segment seg{seq, cached, n_tokens, 0};
+  impl_->reserve({&seg, 1});
+  impl_->kept_rows = 0;
+  impl_->backend->append_synthetic(seq, cached, n_tokens, seed);
 }
 
 std::vector<int32_t> Engine::sample(std::span<Sampler* const> samplers) {

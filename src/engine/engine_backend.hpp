@@ -36,6 +36,10 @@ class EngineBackend {
   /// One token per kept logit row [row0, row0 + samplers.size()), row row0 + i with samplers[i] (rows checked by the
   /// Engine). See Engine::sample.
   virtual std::vector<int32_t> sample(std::span<Sampler* const> samplers, int32_t row0) = 0;
+  /// Appends `n` tokens of synthetic K/V (synthetic_kv.hpp) at positions pos0 .. pos0 + n − 1 to every layer of `seq`
+  /// (pages already checked by the Engine). This default stages them on the host (float32) and appends them with
+  /// PagedKVCache::append — every cache, host or device; a backend may stage them on its device instead.
+  virtual void append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed);
 };
 
 /// Builds the CUDA backend for `model` with a device cache of `cache_config` (device already set to cuda) for

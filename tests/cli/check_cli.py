@@ -131,10 +131,11 @@ MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", REPO.parent / "shared" / "mod
 def documented_commands(path):
     """Commands in the ```sh / ``` blocks of a markdown file: lines starting with `flashkv ` or `scripts/flashkv `,
     joined over trailing backslashes, trailing `# comment` dropped."""
-    cmds, block, pending = [], False, ""
+    cmds, fence, block, pending = [], False, False, ""
     for line in path.read_text().splitlines():
-        if line.startswith("```"):
-            block = not block and line.strip() in ("```", "```sh", "```bash")
+        if line.startswith("```"):  # a fence opens or closes a block; only sh / bash / plain blocks are commands
+            fence = not fence
+            block = fence and line.strip() in ("```", "```sh", "```bash")
             continue
         if not block:
             continue
@@ -336,11 +337,102 @@ def check_memory_wording(binary):
         expect(kj["vs_bf16"] in t.stdout, f"{fmt}: the text line says {kj['vs_bf16']!r}: {t.stdout[-300:]!r}")
 
 
+def check_bench_batch(binary):
+    """`bench engine --batch` on the shipped model (CPU): every row's arithmetic (tok/s, mean context, bytes read per
+    step from the model's shape and the format's bytes), the pool's capacity measured by filling until the engine
+    refuses (= the page arithmetic), 'max' and 'does not fit' rows, an unsupported format reported, and typed errors."""
+    m = model_args()
+    if m is None:
+        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "b.json"
+        r = run(binary, "bench", "engine", *m, "--kv-cache", "fp32", "int8", "--contexts", "64,100,200",
+                "--batch", "1,4,16,max", "--fill", "synthetic", "--kv-pool", "1MiB", "--capacity-context", "100",
+                "--batch-cap", "64", "--warmup", "1", "--n-gen", "5", "--json", str(path))
+        expect(r.returncode == 0, f"bench engine --batch exit {r.returncode}: {r.stderr}")
+        expect("[bench engine]" in r.stderr and "capacity:" in r.stdout, "progress on stderr, table on stdout")
+        j = json.loads(path.read_text())
+        c = j["model_config"]
+        expect(j["config"]["fill"] == "synthetic" and "--batch" in j["command"], "config and command recorded")
+        L, H, d, D, F, V = c["n_layers"], c["num_heads_kv"], c["head_dim"], c["dim"], c["hidden_dim"], c["vocab_size"]
+        Q = c["num_heads"] * d
+        # float32 weights on the CPU: projections + classifier (the tied embedding) + norms + the batch's rows
+        mats = L * (D * (Q + 2 * H * d) + Q * D + 3 * F * D) + V * D
+        per_token = {"fp32": 2 * L * H * d * 4, "int8": 2 * L * H * (d + 4)}  # codes + fp16 scale and min per head
+        page = {k: 32 * v for k, v in per_token.items()}
+        expect([f["status"] for f in j["formats"]] == ["ok", "ok"], f"formats ok: {j['formats']}")
+        for f in j["formats"]:
+            expect(f["page_bytes"] == page[f["kv_cache"]] and f["pool_pages"] == (1 << 20) // f["page_bytes"],
+                   f"page bytes / pool of {f}")
+        for cap in j["capacity"]:
+            pages = -(-cap["context"] // 32)
+            fit = cap["pool_pages"] // pages
+            expect(cap["pages_per_sequence"] == pages and cap["fit"] == fit and cap["max_batch"] == min(fit, 64),
+                   f"capacity arithmetic {cap}")
+            if cap["context"] == 100:
+                expect(cap["measured"] == fit and "lacks pages" in cap["measured_stop"],
+                       f"measured by filling until CapacityError = the page arithmetic: {cap}")
+            else:
+                expect(cap["measured"] == -1, f"measured only at --capacity-context: {cap}")
+        rows = j["rows"]
+        ok = [x for x in rows if x["status"] == "ok"]
+        expect({x["context"] for x in rows if x["status"] == "context > model"} == {200},
+               "context 200 > the model's 128 is reported per row")
+        for x in ok:
+            fit = next(cp["fit"] for cp in j["capacity"] if cp["kv_cache"] == x["kv_cache"] and cp["context"] == x["context"])
+            points = len({b for b in (1, 4, 16, min(fit, 64)) if b <= fit})  # the max merges with an equal batch
+            expect(x["batch"] <= fit and 1 <= x["steps"] <= 5 and x["warmup"] == 1, f"row {x}")
+            expect(x["depth"] == x["context"] - points * 6, f"fill depth C - points x (warmup + n_gen): {x}")
+            expect(x["depth"] + 1 < x["context_mean"] <= x["context_max"] <= x["context"], f"contexts attended {x}")
+            expect(abs(x["kv_read_bytes_per_step"] - x["batch"] * per_token[x["kv_cache"]] * x["context_mean"]) < 1e-6,
+                   f"KV bytes per step = batch x bytes/token x tokens attended: {x}")
+            expect(x["weight_bytes_per_step"] == 4 * (mats + (2 * L + 1) * D + x["batch"] * D), f"weight bytes {x}")
+            expect(abs(x["tokens_per_s"] * sum(x["step_ms"]) / 1e3 - x["batch"] * x["steps"]) <
+                   0.05 * x["batch"] * x["steps"], f"tok/s = batch x steps / timed seconds: {x}")
+        for fmt in ("fp32", "int8"):
+            for ctx in (64, 100):
+                got = {x["batch"]: x for x in rows if x["kv_cache"] == fmt and x["context"] == ctx}
+                fit = next(cp["fit"] for cp in j["capacity"] if cp["kv_cache"] == fmt and cp["context"] == ctx)
+                mx = [b for b, x in got.items() if x["is_max"]]
+                expect(mx == [min(fit, 64)] and got[mx[0]]["status"] == "ok", f"{fmt} {ctx}: the max row {got.keys()}")
+                for b in (1, 4, 16):
+                    expect(got[b]["status"] == ("ok" if b <= fit else "does not fit"), f"{fmt} {ctx} batch {b}")
+        # fill = prefill (the model over arbitrary tokens) and an unsupported format on a device
+        r = run(binary, "bench", "engine", *m, "--kv-cache", "bf16", "--contexts", "40", "--batch", "2",
+                "--n-gen", "3", "--json", "-")
+        expect(r.returncode == 0, f"--fill prefill: {r.stderr}")
+        jp = json.loads(r.stdout[r.stdout.index("{"):])
+        expect([x["status"] for x in jp["rows"]] == ["ok"] and jp["config"]["fill"] == "prefill", f"prefill {jp['rows']}")
+        # a format the engine cannot run is reported with the engine's reason, never dropped: here the CUDA device of
+        # a CPU build (or of a machine without a GPU); on a GPU, KIVI formats (bench/gpu/engine_bench.py)
+        r = run(binary, "bench", "engine", *m, "--device", "cuda", "--kv-cache", "bf16", "int2_kivi", "--contexts", "40",
+                "--batch", "1", "--fill", "synthetic", "--n-gen", "3", "--json", "-")
+        if r.returncode == 0 and '"unsupported"' in r.stdout:
+            ju = json.loads(r.stdout[r.stdout.index("{"):])
+            expect(len(ju["formats"]) == 2 and all(f["status"] == "unsupported" and "CUDA" in f["message"]
+                                                   for f in ju["formats"]) and ju["rows"] == [],
+                   f"unsupported formats reported: {ju['formats']}")
+            expect("unsupported" in r.stdout.split("{")[0], "the table names the unsupported formats")
+        else:
+            print("note: a CUDA device is present: the unsupported-format case runs on the GPU")
+    bad = [(["--batch", "1,x"], "--batch"), (["--batch", "0"], "--batch"), (["--batch", "max"], "--kv-pool"),
+           (["--batch", "1", "--fill", "random"], "--fill"), (["--batch", "1", "--kv-pool", "12XB"], "--kv-pool"),
+           (["--batch", "1", "--contexts", "8", "--n-gen", "8"], "--contexts"),
+           (["--batch", "1,2", "--contexts", "20", "--n-gen", "8", "--warmup", "2"], "--contexts"),
+           (["--batch", "1", "--capacity-context", "99", "--kv-pool", "1MiB", "--contexts", "64"], "--capacity-context"),
+           (["--batch", "1", "--repeats", "2"], "--batch"), (["--fill", "synthetic"], "--batch"),
+           (["--batch", "1", "--point-seconds", "-1"], "--point-seconds"),
+           (["--batch", "1", "--json", "/nonexistent-dir/x.json"], "--json")]
+    for args, name in bad:
+        expect_user_error(binary, ["bench", "engine", *m, *args], name)
+    return None
+
 def main():
     binary, check = sys.argv[1], sys.argv[2]
     rc = {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args,
           "parsing": check_parsing, "output_paths": check_output_paths,
-          "memory_wording": check_memory_wording, "docs": check_docs}[check](os.path.abspath(binary))
+          "memory_wording": check_memory_wording, "docs": check_docs, "bench_batch": check_bench_batch}[check](os.path.abspath(binary))
     if rc == 77 and not failed:
         return 77
     print(f"{passed} passed, {failed} failed")

@@ -25,6 +25,7 @@
 #include "engine/cuda/gemm.hpp"
 #include "engine/cuda/layer_kernels.hpp"
 #include "engine/cuda/sample_kernels.hpp"
+#include "engine/cuda/synthetic_fill.hpp"
 #include "engine/engine_backend.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/decode.hpp"
@@ -70,16 +71,23 @@ DevMem upload_f32(const float* h, size_t n) {
   return d;
 }
 
-/// Row blocks (each [rows_i, cols] float32, row-major) stacked and rounded to bf16 on the host, then uploaded.
+/// Row blocks (each [rows_i, cols] float32, row-major) stacked and rounded to bf16 on the host (OpenMP: an 8B model's
+/// 7.5e9 values take ~20 s on one core), then uploaded.
 DevMem upload_bf16(std::initializer_list<std::pair<const float*, size_t>> blocks) {
   size_t n = 0;
   for (const auto& b : blocks) n += b.second;
-  std::vector<uint16_t> h(n);
+  std::unique_ptr<uint16_t[]> h(new uint16_t[n]);  // not zero-filled: the parallel loop writes (and faults in) it
   size_t o = 0;
-  for (const auto& b : blocks)
-    for (size_t i = 0; i < b.second; ++i) h[o++] = float_to_bf16(b.first[i]);
+  for (const auto& b : blocks) {
+    uint16_t* dst = h.get() + o;
+    const float* src = b.first;
+    const int64_t m = static_cast<int64_t>(b.second);
+#pragma omp parallel for schedule(static) if (m > (1 << 20))
+    for (int64_t i = 0; i < m; ++i) dst[i] = float_to_bf16(src[i]);
+    o += b.second;
+  }
   DevMem d(n * 2);
-  check_cuda(cudaMemcpy(d.as<void>(), h.data(), n * 2, cudaMemcpyHostToDevice), "engine: upload weights");
+  check_cuda(cudaMemcpy(d.as<void>(), h.get(), n * 2, cudaMemcpyHostToDevice), "engine: upload weights");
   return d;
 }
 
@@ -125,6 +133,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
   void run(std::span<const Segment> segs, std::span<const int32_t> tokens, bool fresh, int32_t first, int32_t rows,
            std::span<float> logits_out) override;
   std::vector<int32_t> sample(std::span<Sampler* const> samplers, int32_t row0) override;
+  void append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed) override;
 
  private:
   /// The device cache's config, or UnsupportedError for what the device engine cannot run.
@@ -205,6 +214,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
   int cap_rows_ = 0;
   DevMem x_, xb_, qkv_, q_, k_, v_, att_, gu_, hb_, ids_;
   DevMem logits_;
+  DevMem synthetic_;  ///< K then V staging of append_synthetic (grown on demand)
   int32_t logit_rows_ = 0;
   SampleWorkspace sample_ws_;
 };
@@ -301,6 +311,26 @@ std::vector<int32_t> CudaEngine::sample(std::span<Sampler* const> samplers, int3
   const size_t V = static_cast<size_t>(model_.config.vocab_size);
   return sample_rows(logits_.as<float>() + static_cast<size_t>(row0) * V, static_cast<int64_t>(V), p.data(),
                      static_cast<int>(p.size()), sample_ws_, nullptr);
+}
+
+/// Synthetic K/V staged on the device in the attention dtype (the 16-bit caches take only their own type) and appended
+/// through the device PagedKVCache's append, up to 32768 tokens per layer and call.
+void CudaEngine::append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed) {
+  cuda::DeviceGuard guard(device_);
+  const ModelConfig& c = model_.config;
+  const int Hk = c.num_heads_kv, hd = c.head_dim;
+  const int chunk = std::min(n, 32768);
+  const size_t half_bytes = static_cast<size_t>(chunk) * Hk * hd * 2;
+  if (synthetic_.bytes() < 2 * half_bytes) synthetic_ = DevMem(2 * half_bytes);
+  uint16_t* k = synthetic_.as<uint16_t>();
+  uint16_t* v = k + half_bytes / 2;
+  for (int p = 0; p < n; p += chunk) {
+    const int m = std::min(chunk, n - p);
+    for (int32_t l = 0; l < c.n_layers; ++l) {
+      synthetic_kv(seed, l, c.n_layers, static_cast<int64_t>(pos0) + p, m, Hk, hd, fp16_, k, v, nullptr);
+      kv_.append(seq, l, dev_view(k, att_dtype_, {m, Hk, hd}), dev_view(v, att_dtype_, {m, Hk, hd}));
+    }
+  }
 }
 
 std::unique_ptr<engine_detail::EngineBackend> make_cuda_engine(const Model& m, const KVCacheConfig& kc,
