@@ -78,11 +78,12 @@ struct SkippedFormat {
   std::string reason;  ///< unsupported_reason()
 };
 
-/// Checks the reference and every spec on `target` BEFORE any work: throws the first UnsupportedError (a list the
+/// Checks the device (its own widest cache: a build without the CUDA backend or a machine without the device is an
+/// error), the reference and every spec on `target` BEFORE any work: throws the first UnsupportedError (a list the
 /// user gave: nothing is silently dropped or run elsewhere). Specs equal to the reference are not probed twice.
 void check_target(const Model& model, const std::vector<KVCacheSpec>& specs, const EvalTarget& target);
-/// For a command's DEFAULT list: the reference is checked as check_target() does (throws); the specs the device cannot
-/// run are returned in `skipped` with the reason and left out of the result (order kept).
+/// For a command's DEFAULT list: the device and the reference are checked as check_target() does (throws); the specs
+/// the device cannot run are returned in `skipped` with the reason and left out of the result (order kept).
 std::vector<KVCacheSpec> runnable_specs(const Model& model, const std::vector<KVCacheSpec>& specs,
                                         const EvalTarget& target, std::vector<SkippedFormat>& skipped);
 

@@ -55,10 +55,23 @@ std::string unsupported_reason(const Model& model, const KVCacheSpec& spec, cons
   return "";
 }
 
-void check_target(const Model& model, const std::vector<KVCacheSpec>& specs, const EvalTarget& target) {
-  if (const std::string why = unsupported_reason(model, target.reference_spec(), target.reference_options());
-      !why.empty())
+namespace {
+/// The device runs at all (its own widest cache: no backend / no device is an error, never a list of skips), and so
+/// does the reference.
+void check_device_and_reference(const Model& model, const EvalTarget& target) {
+  EvalTarget own = target;
+  own.cpu_reference = false;
+  if (const std::string why = unsupported_reason(model, own.reference_spec(), target.engine); !why.empty())
     throw UnsupportedError(why);
+  if (target.cpu_reference)
+    if (const std::string why = unsupported_reason(model, target.reference_spec(), target.reference_options());
+        !why.empty())
+      throw UnsupportedError(why);
+}
+}  // namespace
+
+void check_target(const Model& model, const std::vector<KVCacheSpec>& specs, const EvalTarget& target) {
+  check_device_and_reference(model, target);
   for (const KVCacheSpec& s : specs) {
     if (target.is_reference(s)) continue;
     if (const std::string why = unsupported_reason(model, s, target.engine); !why.empty()) throw UnsupportedError(why);
@@ -67,7 +80,7 @@ void check_target(const Model& model, const std::vector<KVCacheSpec>& specs, con
 
 std::vector<KVCacheSpec> runnable_specs(const Model& model, const std::vector<KVCacheSpec>& specs,
                                         const EvalTarget& target, std::vector<SkippedFormat>& skipped) {
-  check_target(model, {}, target);
+  check_device_and_reference(model, target);
   std::vector<KVCacheSpec> out;
   for (const KVCacheSpec& s : specs) {
     const std::string why = target.is_reference(s) ? std::string() : unsupported_reason(model, s, target.engine);
