@@ -3,7 +3,8 @@
 //   --samples N / --tokens FILE    teacher-forced token-by-token decode replay (mean KL, top-1, ppl ratio, first
 //                                  divergence; eval/evaluation.hpp)
 // Table on stdout, --json (with the command, date, machine and load), --plot (SVG of KL vs effective bits), progress
-// bar with ETA on stderr. Shares the `eval` group with `eval kv` and `eval passkey`.
+// bar with ETA on stderr. --device cpu|cuda|cuda:N runs the formats on that device; --reference device|cpu picks the
+// reference (eval::EvalTarget). Shares the `eval` group with `eval kv` and `eval passkey`.
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,7 +30,8 @@
 namespace {
 
 struct EvalArgs {
-  std::string model, tokenizer, text_file, tokens_file, json, plot, rotate = "none", ctx;
+  std::string model, tokenizer, text_file, tokens_file, json, plot, rotate = "none", ctx, reference = "device";
+  flashkv::cli::DeviceOptions device;
   std::vector<std::string> kv_cache;
   int32_t samples = 8, length = 0, batch = 0, residual = 0, sinks = 0, page_size = 32, chunks = 0, ubatch = 512;
   uint64_t seed = 1;
@@ -38,6 +40,7 @@ struct EvalArgs {
 
 /// Text mode: llama-perplexity's protocol per context (eval/perplexity.hpp).
 void run_text(const EvalArgs& a, const flashkv::LoadedModel& lm, const std::vector<flashkv::KVCacheSpec>& specs,
+              const flashkv::eval::EvalTarget& target, const std::vector<flashkv::eval::SkippedFormat>& skipped,
               bool show) {
   using namespace flashkv;
   const ModelConfig& c = lm.model.config;
@@ -54,13 +57,18 @@ void run_text(const EvalArgs& a, const flashkv::LoadedModel& lm, const std::vect
   j["model"] = a.model;
   j["text"] = {{"path", a.text_file}, {"bytes", text.size()}, {"tokens", tokens.size()}};
   j["protocol"] = "llama-perplexity: chunks of n_ctx from an empty cache, fed in ubatches through the cache under "
-                  "test (Engine::extend), last n_ctx/2-1 tokens of each chunk scored; reference = fp32 cache";
+                  "test (Engine::extend), last n_ctx/2-1 tokens of each chunk scored; reference = " +
+                  cli::reference_text(target);
+  j["target"] = eval::target_to_json(target);
+  j["device"] = a.device.device;
+  j["skipped"] = eval::skipped_to_json(skipped);
   j["results"] = nlohmann::json::array();
   std::printf("flashkv eval: %s (%s; dim %d, %d layers, %d/%d heads, head_dim %d, context %d)\n", a.model.c_str(),
               checkpoint_format_name(lm.model.format), c.dim, c.n_layers, c.num_heads, c.num_heads_kv, c.head_dim,
               c.seq_len);
-  std::printf("text: %s (%zu bytes, %zu tokens); llama-perplexity protocol, ubatch %d; reference = fp32 cache\n",
-              a.text_file.c_str(), text.size(), tokens.size(), a.ubatch);
+  std::printf("text: %s (%zu bytes, %zu tokens); llama-perplexity protocol, ubatch %d; reference = %s\n",
+              a.text_file.c_str(), text.size(), tokens.size(), a.ubatch, cli::reference_text(target).c_str());
+  cli::print_target(target, skipped);
   std::vector<eval::FormatRow> plot_rows;
   for (int32_t n_ctx : contexts) {
     eval::PerplexityOptions o;
@@ -69,7 +77,8 @@ void run_text(const EvalArgs& a, const flashkv::LoadedModel& lm, const std::vect
     o.max_chunks = a.chunks;
     o.bos_id = eval::tokenizer_adds_bos(*lm.tokenizer) ? lm.tokenizer->bos_id() : -1;
     eval::ProgressBar bar(show, "tokens (n_ctx " + std::to_string(n_ctx) + ")");
-    const eval::TextResult r = eval::evaluate_text(lm.model, specs, tokens, o, [&](int64_t d, int64_t t) { bar.update(d, t); });
+    const eval::TextResult r =
+        eval::evaluate_text(lm.model, specs, tokens, o, [&](int64_t d, int64_t t) { bar.update(d, t); }, target);
     bar.finish();
     std::printf("\nn_ctx %d: %d chunk(s), %lld scored tokens (last n_ctx/2-1 of each chunk)\n\n", n_ctx, r.chunks,
                 static_cast<long long>(r.reference.scored));
@@ -84,15 +93,16 @@ void run_text(const EvalArgs& a, const flashkv::LoadedModel& lm, const std::vect
         plot_rows.push_back(p);
       }
   }
-  std::printf("\nPPL = exp(mean -log q(next)); KLD = KL(fp32 cache || format) per scored token (nats); RMS Δp = "
+  std::printf("\nPPL = exp(mean -log q(next)); KLD = KL(%s || format) per scored token (nats); RMS Δp = "
               "RMS of q(next) - p(next); ± as llama-perplexity prints them; bits/bytes per token over all layers, K "
-              "and V, everything counted, at n_ctx cached tokens.\n");
+              "and V, everything counted, at n_ctx cached tokens.\n",
+              cli::reference_text(target).c_str());
   if (!a.json.empty()) cli::print_or_write_json(j, a.json);
   if (!a.plot.empty()) {
     eval::write_kl_plot_svg(plot_rows, "KV cache formats: KL vs effective bits (" +
                                            a.model.substr(a.model.find_last_of('/') + 1) + ", n_ctx " +
                                            std::to_string(contexts.front()) + ")",
-                            a.plot);
+                            a.plot, cli::reference_text(target));
     std::printf("plot: %s\n", a.plot.c_str());
   }
 }
@@ -112,6 +122,7 @@ void run(CLI::App* group, const EvalArgs& a) {
                   (std::filesystem::exists(path) ? "not a regular file" : "no such file") + ")", Status::io);
     }
   }
+  const eval::EvalTarget target = cli::eval_target(a.device, a.reference);  // Error naming 'device' / 'reference'
   // every output path is checked before the model is loaded and the evaluation runs
   flashkv::cli::check_output_file(a.json, "--json", /*allow_stdout=*/true);
   flashkv::cli::check_output_file(a.plot, "--plot");
@@ -125,9 +136,14 @@ void run(CLI::App* group, const EvalArgs& a) {
   LoadedModel lm = load_named_model(a.model, a.tokenizer);
   const ModelConfig& c = lm.model.config;
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, c.head_dim);
+  const bool explicit_list = !specs.empty();
   if (specs.empty()) specs = eval::demo_formats(c.head_dim);
+  // Before any work: an explicit list the device cannot run whole is an UnsupportedError (exit 2, one line); the
+  // default list keeps what the device runs and names the rest.
+  std::vector<eval::SkippedFormat> skipped;
+  specs = cli::formats_for_target(lm.model, specs, explicit_list, target, skipped);
   const bool show = !a.no_progress && (a.progress || ::isatty(STDERR_FILENO));
-  if (!a.text_file.empty()) return run_text(a, lm, specs, show);
+  if (!a.text_file.empty()) return run_text(a, lm, specs, target, skipped, show);
   std::vector<std::vector<int32_t>> seqs;
   std::string source;
   if (!a.tokens_file.empty()) {
@@ -135,34 +151,41 @@ void run(CLI::App* group, const EvalArgs& a) {
     source = "tokens " + a.tokens_file;
   } else {
     const int32_t len = a.length == 0 ? c.seq_len : a.length;
-    seqs = eval::sample_sequences(lm.model, a.samples, len, a.seed);
-    source = std::to_string(a.samples) + " sequences of " + std::to_string(len) +
-             " tokens sampled from the fp32 model (temperature 1, seed " + std::to_string(a.seed) + ")";
+    seqs = eval::sample_sequences(lm.model, a.samples, len, a.seed, 1.0f, target);
+    source = std::to_string(a.samples) + " sequences of " + std::to_string(len) + " tokens sampled from the " +
+             (target.engine.device == Device::cpu ? std::string("fp32 model")
+                                                  : "model with the reference (" + target.reference_name() + ")") +
+             " (temperature 1, seed " + std::to_string(a.seed) + ")";
   }
   eval::ProgressBar bar(show, "tokens");
-  auto rows = eval::evaluate(lm.model, specs, seqs, a.batch,
-                             [&](int64_t d, int64_t t) { bar.update(d, t); });
+  auto rows = eval::evaluate(lm.model, specs, seqs, a.batch, [&](int64_t d, int64_t t) { bar.update(d, t); }, target);
   bar.finish();
   std::printf("flashkv eval: %s (%s; dim %d, %d layers, %d/%d heads, head_dim %d, context %d)\n", a.model.c_str(),
               checkpoint_format_name(lm.model.format), c.dim, c.n_layers, c.num_heads, c.num_heads_kv, c.head_dim,
               c.seq_len);
-  std::printf("data: %s; teacher forcing, every position decoded through the cache; reference = fp32 cache\n\n",
-              source.c_str());
+  std::printf("data: %s; teacher forcing, every position decoded through the cache; reference = %s\n",
+              source.c_str(), cli::reference_text(target).c_str());
+  cli::print_target(target, skipped);
+  std::printf("\n");
   std::fputs(eval::format_table(rows, false).c_str(), stdout);
-  std::printf("\nKL = mean KL(fp32 cache || format) per token (nats); top-1 = argmax agreement; ppl ratio = "
+  std::printf("\nKL = mean KL(%s || format) per token (nats); top-1 = argmax agreement; ppl ratio = "
               "exp(-mean Δlog-likelihood of the next token); first div (TF) = mean position of the first top-1 "
-              "disagreement (sequences that diverged / all); bytes/token over all layers, K and V, everything counted.\n");
+              "disagreement (sequences that diverged / all); bytes/token over all layers, K and V, everything counted.\n",
+              cli::reference_text(target).c_str());
   if (!a.json.empty()) {
     nlohmann::json j = eval::run_info();
     j["model"] = a.model;
     j["data"] = source;
     j["sequences"] = seqs.size();
+    j["device"] = a.device.device;
+    j["target"] = eval::target_to_json(target);
+    j["skipped"] = eval::skipped_to_json(skipped);
     j["formats"] = eval::rows_to_json(rows);
     cli::print_or_write_json(j, a.json);
   }
   if (!a.plot.empty()) {
     eval::write_kl_plot_svg(rows, "KV cache formats: KL vs effective bits (" + a.model.substr(a.model.find_last_of('/') + 1) + ")",
-                            a.plot);
+                            a.plot, cli::reference_text(target));
     std::printf("plot: %s\n", a.plot.c_str());
   }
 }
@@ -195,6 +218,7 @@ void register_eval(CLI::App& root) {
   add_count_option(g, "--sinks", args->sinks, "default sink tokens for every format", 0, 1 << 30);
   g->add_option("--rotate", args->rotate, "default rotation: none | hadamard");
   add_count_option(g, "--page-size", args->page_size, "tokens per cache page (default 32)", 1, 1 << 20);
+  flashkv::cli::add_eval_device_options(g, args->device, args->reference);
   g->add_option("--json", args->json, "write the results as JSON to this file ('-' = stdout)");
   g->add_option("--plot", args->plot, "write an SVG plot of mean KL vs effective bits to this file");
   g->add_flag("--progress", args->progress, "always show the progress bar (default: only on a terminal)");

@@ -1,5 +1,7 @@
 #include "cli/util_eval_cli.hpp"
 
+#include <cstdio>
+
 #include "cli/util_parse.hpp"
 #include "flashkv/error.hpp"
 
@@ -30,6 +32,57 @@ std::vector<KVCacheSpec> parse_kv_list(const std::vector<std::string>& args, con
   for (const std::string& w : parse_kv_format_list(args, "--kv-cache"))
     specs.push_back(eval::fit_kv_spec(eval::parse_format_item(w, defaults), head_dim));
   return specs;
+}
+
+void add_eval_device_options(CLI::App* sub, DeviceOptions& device, std::string& reference) {
+  add_device_option(sub, device,
+                    "where the formats run: cpu (default) or cuda / cuda:N (the CUDA engine: bf16 weights, cuBLAS, the "
+                    "device's KV formats; a listed format it cannot run is an error before any work, formats of the "
+                    "default list it cannot run are skipped with the reason)");
+  add_reference_option(sub, reference);
+}
+
+void add_reference_option(CLI::App* sub, std::string& reference) {
+  sub->add_option("--reference", reference,
+                  "what every format is compared with: device (default: the same device's widest cache - fp32 on "
+                  "the CPU, bf16 on CUDA - so KL measures the KV format alone) or cpu (the CPU engine with the fp32 "
+                  "cache: with --device cuda the metrics then include the GPU's own bf16 error, its bf16 row alone)");
+}
+
+eval::EvalTarget eval_target(const DeviceOptions& device, const std::string& reference) {
+  eval::EvalTarget t;
+  t.engine = device.engine();  // Error naming 'device'
+  if (reference != "device" && reference != "cpu")
+    throw Error("reference", "'device' (the same device's widest cache) or 'cpu' (the CPU's fp32 cache)",
+                "'" + reference + "'");
+  t.cpu_reference = reference == "cpu";
+  return t;
+}
+
+std::vector<KVCacheSpec> formats_for_target(const Model& model, const std::vector<KVCacheSpec>& specs, bool explicit_list,
+                                            const eval::EvalTarget& target, std::vector<eval::SkippedFormat>& skipped) {
+  if (explicit_list) {
+    eval::check_target(model, specs, target);
+    return specs;
+  }
+  return eval::runnable_specs(model, specs, target, skipped);
+}
+
+void print_target(const eval::EvalTarget& target, const std::vector<eval::SkippedFormat>& skipped) {
+  if (target.engine.device == Device::cpu && skipped.empty()) return;  // the CPU commands' output is unchanged
+  std::printf("device: %s%s; reference = %s%s\n", target.device_name().c_str(),
+              target.engine.device == Device::cuda ? " (bf16 weights, cuBLAS, CUDA attention and paged decode)" : "",
+              target.reference_name().c_str(),
+              target.cpu_reference && target.engine.device != Device::cpu
+                  ? " (the metrics include the device's own error; its bf16 row shows it alone)"
+                  : " (the metrics measure the KV format alone)");
+  for (const eval::SkippedFormat& s : skipped)
+    std::printf("skipped on %s (default list): %s - %s\n", target.device_name().c_str(), s.label.c_str(),
+                s.reason.c_str());
+}
+
+std::string reference_text(const eval::EvalTarget& target) {
+  return target.engine.device == Device::cpu ? std::string("fp32 cache") : target.reference_name();
 }
 
 }  // namespace flashkv::cli

@@ -46,9 +46,12 @@ void add_kv_options(CLI::App* sub, KvOptions& o) {
 EngineOptions DeviceOptions::engine() const { return parse_engine_device(device, "device"); }
 
 void add_device_option(CLI::App* sub, DeviceOptions& o) {
-  sub->add_option("--device", o.device,
-                  "where the model runs: cpu (default) or cuda / cuda:N (bf16 weights, cuBLAS, CUDA attention and "
-                  "paged decode; --kv-cache defaults to bf16 there)");
+  add_device_option(sub, o,
+                    "where the model runs: cpu (default) or cuda / cuda:N (bf16 weights, cuBLAS, CUDA attention and "
+                    "paged decode; --kv-cache defaults to bf16 there)");
+}
+void add_device_option(CLI::App* sub, DeviceOptions& o, const std::string& help) {
+  sub->add_option("--device", o.device, help);
 }
 
 KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev) {

@@ -40,6 +40,8 @@ struct DeviceOptions {
   bool cuda() const { return engine().device == Device::cuda; }
 };
 void add_device_option(CLI::App* sub, DeviceOptions& o);
+/// The same option with the command's own help text.
+void add_device_option(CLI::App* sub, DeviceOptions& o, const std::string& help);
 /// The KV spec for the device: --device cuda with no --kv-cache / --kv-k / --kv-v given means bf16 (the CUDA engine
 /// decodes no fp32 cache); everything else as KvOptions::spec().
 KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev);

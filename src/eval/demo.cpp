@@ -29,17 +29,34 @@ bool is_fp32(const KVCacheSpec& s) { return s.kv_cache_dtype == "fp32" && s.resi
 constexpr const char* kChatQuestion = "Explain in two sentences why the sky is blue.";
 }  // namespace
 
-DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress& progress) {
+DemoPlan plan_demo(const Model& model, const DemoOptions& o) {
+  const EvalTarget& target = o.target;
+  const std::vector<KVCacheSpec> formats = o.formats.empty() ? demo_formats(model.config.head_dim) : o.formats;
+  DemoPlan plan;  // without the reference (always run, first; "fp32" in the list stands for it)
+  for (const auto& s : formats)
+    if (!is_fp32(s) && !target.is_reference(s)) plan.specs.push_back(s);
+  // The default list keeps what the device runs (the rest is listed with the reason); a format of an explicit list
+  // that the device cannot run is an UnsupportedError.
+  if (o.formats.empty())
+    plan.specs = runnable_specs(model, plan.specs, target, plan.skipped);
+  else
+    check_target(model, plan.specs, target);
+  return plan;
+}
+
+DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress& progress, const DemoPlan* given) {
   const Model& model = lm.model;
   const Tokenizer& tok = *lm.tokenizer;
   const ModelConfig& c = model.config;
-  std::vector<KVCacheSpec> formats = o.formats.empty() ? demo_formats(c.head_dim) : o.formats;
-  std::vector<KVCacheSpec> specs;  // without the fp32 reference (always run, first)
-  for (const auto& s : formats)
-    if (!is_fp32(s)) specs.push_back(s);
+  const EvalTarget& target = o.target;
   if (o.steps < 0) throw Error("steps", ">= 0 (0 = 48)", std::to_string(o.steps));
   if (o.chunks < 1) throw Error("chunks", ">= 1", std::to_string(o.chunks));
+  const DemoPlan plan = given ? *given : plan_demo(model, o);  // before any work
+  const std::vector<KVCacheSpec>& specs = plan.specs;
   DemoResult res;
+  res.device = target.device_name();
+  res.reference_device = target.reference_device();
+  res.skipped = plan.skipped;
   res.context = std::min(o.context, c.seq_len);
 
   // 1) Quality: llama-perplexity protocol on the text's first chunks. Only as much text as needed is tokenized.
@@ -86,15 +103,15 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   }
   total = static_cast<int64_t>(res.context) * o.chunks * static_cast<int64_t>(specs.size() + 1) +
           pk_tokens * static_cast<int64_t>(specs.size() + 1);
-  const TextResult tr = evaluate_text(model, specs, tokens, po, sub);
+  const TextResult tr = evaluate_text(model, specs, tokens, po, sub, target);
   base += static_cast<int64_t>(res.context) * tr.chunks * static_cast<int64_t>(specs.size() + 1);
   res.scored_tokens = tr.reference.scored;
 
   // 2) Retrieval.
   PasskeyResult pr;
-  if (passkey) pr = run_passkey(lm, specs, pk, sub);
+  if (passkey) pr = run_passkey(lm, specs, pk, sub, target);
 
-  // 3) Greedy continuation per format (the fp32 cache first: its text is the reference).
+  // 3) Greedy continuation per format (the reference first: its text is the one the others are compared with).
   const bool chat = has_chat_template(lm);
   if (!o.prompt.empty() || chat) {
     const std::string q = o.prompt.empty() ? kChatQuestion : o.prompt;
@@ -110,14 +127,14 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
   const int32_t steps = std::min(o.steps == 0 ? 48 : o.steps, room);
   const bool tiny = model.weight_bytes() < (std::size_t{16} << 20);
   const int32_t reps = o.repeats > 0 ? o.repeats : (tiny ? 3 : 1);
-  std::vector<KVCacheSpec> all{KVCacheSpec{}};
+  std::vector<KVCacheSpec> all{target.reference_spec()};
   all.insert(all.end(), specs.begin(), specs.end());
   const std::vector<int32_t> stops = stop_tokens(lm);
   for (std::size_t i = 0; i < all.size(); ++i) {
     DemoRow row;
     row.spec = all[i];
     row.label = all[i].label();
-    Engine engine(model, all[i], 1);
+    Engine engine(model, all[i], 1, 0, i == 0 ? target.reference_options() : target.engine);
     GenerationResult best;
     for (int32_t rep = 0; rep < reps; ++rep) {
       Sampler greedy(SamplerConfig{});
@@ -129,9 +146,10 @@ DemoResult run_demo(const LoadedModel& lm, const DemoOptions& o, const Progress&
     row.greedy_text = tok.decode(best.tokens);
     if (i == 0) {
       row.quality = tr.reference;
-      row.effective_bits = 32.0;  // fp32: no metadata, no windows
-      row.bytes_per_token = 2.0 * c.n_layers * c.num_heads_kv * c.head_dim * 4.0;
-      row.ratio_vs_bf16 = 0.5;
+      const double elem = all[0].kv_cache_dtype == "fp32" ? 4.0 : 2.0;  // fp32 or bf16: no metadata, no windows
+      row.effective_bits = 8.0 * elem;
+      row.bytes_per_token = 2.0 * c.n_layers * c.num_heads_kv * c.head_dim * elem;
+      row.ratio_vs_bf16 = 2.0 / elem;
     } else {
       const TextRow& t = tr.rows[i - 1];
       row.quality = t.stats;
@@ -175,7 +193,9 @@ std::string demo_table(const DemoResult& r) {
   std::vector<std::vector<std::string>> cells;
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const DemoRow& d = r.rows[i];
-    std::vector<std::string> c = {d.label, fm("%.0f", d.bytes_per_token), fm("%.2f", d.effective_bits),
+    const std::string label =
+        i == 0 && r.reference_device != r.device ? d.label + " (reference, " + r.reference_device + ")" : d.label;
+    std::vector<std::string> c = {label, fm("%.0f", d.bytes_per_token), fm("%.2f", d.effective_bits),
                                   fm("%.2fx", d.ratio_vs_bf16), i == 0 ? "—" : fm("%.0f", d.prefill_tok_s),
                                   fm("%.0f", d.decode_tok_s), fm("%.3f", d.quality.ppl),
                                   i == 0 ? "0 (reference)" : fm(d.quality.kld_mean < 1e-3 ? "%.2e" : "%.4f", d.quality.kld_mean),
@@ -190,7 +210,9 @@ std::string demo_table(const DemoResult& r) {
 nlohmann::json demo_to_json(const DemoResult& r) {
   nlohmann::json j = {{"context", r.context}, {"text_bytes", r.text_bytes}, {"scored_tokens", r.scored_tokens},
                       {"passkey_note", r.passkey_note}, {"prompt_tokens", r.prompt_tokens},
-                      {"prompt_text", r.prompt_text}};
+                      {"prompt_text", r.prompt_text}, {"device", r.device},
+                      {"reference_device", r.reference_device}};
+  j["skipped"] = skipped_to_json(r.skipped);
   j["formats"] = nlohmann::json::array();
   for (const DemoRow& d : r.rows) {
     j["formats"].push_back({{"label", d.label},

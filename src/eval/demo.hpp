@@ -5,7 +5,11 @@
 //              context (eval/perplexity.hpp), prefilled through the cache;
 //   retrieval  passkey trials at the demo context (eval/passkey.hpp), when the model's context holds the prompt;
 //   greedy     a greedy continuation of the prompt per format, its decode tok/s, and the first step at which it
-//              differs from the fp32 cache's.
+//              differs from the reference's.
+// The first row is the reference (DemoOptions::target: the fp32 cache on the CPU; on CUDA the device's bf16 cache, or
+// the CPU's fp32 one); an "fp32" entry of the format list stands for it. On a device, formats of the DEFAULT list that
+// the device cannot run are left out and listed with the reason (DemoResult::skipped); a format of an explicit list
+// that it cannot run is an UnsupportedError before any work.
 #pragma once
 
 #include <string>
@@ -33,6 +37,7 @@ struct DemoOptions {
   int32_t steps = 0;             ///< greedy tokens per format; 0 = 48 (up to the context end)
   int32_t repeats = 0;           ///< greedy runs per format, best decode time kept; 0 = 3 for tiny models, else 1
   std::vector<KVCacheSpec> formats;  ///< empty = demo_formats(model head_dim)
+  EvalTarget target;             ///< device of the formats and the reference (default: the CPU, fp32 reference)
 };
 
 struct DemoRow {
@@ -40,11 +45,11 @@ struct DemoRow {
   std::string label;
   double bytes_per_token = 0.0, effective_bits = 0.0, ratio_vs_bf16 = 0.0;
   double prefill_tok_s = 0.0, decode_tok_s = 0.0;
-  TextStats quality;                 ///< fp32 row: PPL only (KLD 0, top-1 1)
+  TextStats quality;                 ///< reference row: PPL only (KLD 0, top-1 1)
   int32_t passkey_ok = 0, passkey_trials = 0;
   std::vector<int32_t> greedy_tokens;
   std::string greedy_text;
-  int32_t greedy_divergence = -1;    ///< first generated step that differs from the fp32 cache's text; −1 = none
+  int32_t greedy_divergence = -1;    ///< first generated step that differs from the reference's text; −1 = none
 };
 
 struct DemoResult {
@@ -53,11 +58,23 @@ struct DemoResult {
   std::string passkey_note;          ///< why there is no retrieval column, or ""
   std::vector<int32_t> prompt_tokens;
   std::string prompt_text;           ///< what the greedy rows continue (as shown)
-  std::vector<DemoRow> rows;         ///< fp32 first
+  std::vector<DemoRow> rows;         ///< the reference first
+  std::vector<SkippedFormat> skipped;  ///< default formats the device cannot run, with the reason
+  std::string device = "cpu", reference_device = "cpu";
 };
 
-/// Runs the demo (see the file comment). Progress counts tokens fed to every cache.
-DemoResult run_demo(const LoadedModel& lm, const DemoOptions& options, const Progress& progress = {});
+/// The formats the demo runs besides the reference, checked on options.target before any work (see the file
+/// comment): `specs` in order, `skipped` the default formats the device cannot run. Throws UnsupportedError.
+struct DemoPlan {
+  std::vector<KVCacheSpec> specs;
+  std::vector<SkippedFormat> skipped;
+};
+DemoPlan plan_demo(const Model& model, const DemoOptions& options);
+
+/// Runs the demo (see the file comment) on `plan` (nullptr: plan_demo(options)). Progress counts tokens fed to every
+/// cache.
+DemoResult run_demo(const LoadedModel& lm, const DemoOptions& options, const Progress& progress = {},
+                    const DemoPlan* plan = nullptr);
 
 /// The demo table (markdown pipes).
 std::string demo_table(const DemoResult& r);

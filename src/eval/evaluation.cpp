@@ -12,7 +12,7 @@
 namespace flashkv::eval {
 
 Replay replay(const Model& model, const KVCacheSpec& spec, const std::vector<std::vector<int32_t>>& sequences,
-              int32_t batch, const Progress& progress) {
+              int32_t batch, const Progress& progress, const EngineOptions& engine_options) {
   const ModelConfig& c = model.config;
   const auto n = static_cast<int32_t>(sequences.size());
   if (n == 0) throw Error("sequences", "at least one sequence", "0");
@@ -25,7 +25,7 @@ Replay replay(const Model& model, const KVCacheSpec& spec, const std::vector<std
     total += static_cast<int64_t>(len);
   }
   if (batch <= 0 || batch > n) batch = n;
-  Engine engine(model, spec, batch);
+  Engine engine(model, spec, batch, 0, engine_options);
   Replay r;
   r.logits.resize(sequences.size());
   int64_t done = 0;
@@ -130,13 +130,27 @@ Metrics compare(const Replay& ref, const Replay& test, const std::vector<std::ve
   return m;
 }
 
+std::vector<Metrics> compare_per_sequence(const Replay& ref, const Replay& test,
+                                          const std::vector<std::vector<int32_t>>& sequences, int32_t vocab_size) {
+  if (ref.logits.size() != sequences.size() || test.logits.size() != sequences.size())
+    throw Error("test", std::to_string(sequences.size()) + " replayed sequences", std::to_string(test.logits.size()));
+  std::vector<Metrics> out;
+  for (std::size_t s = 0; s < sequences.size(); ++s) {
+    Replay a, b;
+    a.logits = {ref.logits[s]};
+    b.logits = {test.logits[s]};
+    out.push_back(compare(a, b, {sequences[s]}, vocab_size));
+  }
+  return out;
+}
+
 std::vector<std::vector<int32_t>> sample_sequences(const Model& model, int32_t n, int32_t length, uint64_t seed,
-                                                   float temperature) {
+                                                   float temperature, const EvalTarget& target) {
   const ModelConfig& c = model.config;
   if (n < 1) throw Error("samples", ">= 1", std::to_string(n));
   if (length < 2 || length > c.seq_len)
     throw Error("length", "2.." + std::to_string(c.seq_len) + " tokens (the model's context)", std::to_string(length));
-  Engine engine(model, KVCacheSpec{}, n);
+  Engine engine(model, target.reference_spec(), n, 0, target.reference_options());
   std::vector<Sampler> samplers;
   std::vector<int32_t> ids;
   std::vector<std::vector<int32_t>> seqs(static_cast<std::size_t>(n), std::vector<int32_t>{1});
@@ -205,17 +219,18 @@ std::vector<std::vector<int32_t>> sequences_from_token_file(const std::string& p
 
 std::vector<FormatRow> evaluate(const Model& model, const std::vector<KVCacheSpec>& specs,
                                 const std::vector<std::vector<int32_t>>& sequences, int32_t batch,
-                                const Progress& progress) {
+                                const Progress& progress, const EvalTarget& target) {
+  check_target(model, specs, target);  // a format the device cannot run: UnsupportedError before any work
   int64_t per_run = 0;
   for (const auto& s : sequences) per_run += static_cast<int64_t>(s.size());
   const int64_t total = per_run * static_cast<int64_t>(specs.size() + 1);
   int64_t base = 0;
   auto sub = [&](int64_t done, int64_t) { if (progress) progress(base + done, total); };
-  const Replay ref = replay(model, KVCacheSpec{}, sequences, batch, sub);
+  const Replay ref = replay(model, target.reference_spec(), sequences, batch, sub, target.reference_options());
   base += per_run;
   std::vector<FormatRow> rows;
   for (const auto& spec : specs) {
-    const Replay r = replay(model, spec, sequences, batch, sub);
+    const Replay r = replay(model, spec, sequences, batch, sub, target.engine);
     base += per_run;
     FormatRow row;
     row.spec = spec;
@@ -225,6 +240,7 @@ std::vector<FormatRow> evaluate(const Model& model, const std::vector<KVCacheSpe
     row.ratio_vs_bf16 = r.kv.bytes_per_token > 0 ? r.kv.bf16_bytes_per_token / r.kv.bytes_per_token : 0.0;
     row.decode_tok_s = r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0;
     row.metrics = compare(ref, r, sequences, model.config.vocab_size);
+    row.per_sequence = compare_per_sequence(ref, r, sequences, model.config.vocab_size);
     rows.push_back(std::move(row));
   }
   return rows;

@@ -96,7 +96,7 @@ int32_t PasskeyFormat::identical_answers() const {
 }
 
 PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>& specs, const PasskeyOptions& o,
-                          const Progress& progress) {
+                          const Progress& progress, const EvalTarget& target) {
   const Model& model = lm.model;
   const ModelConfig& c = model.config;
   if (o.contexts.empty()) throw Error("contexts", "at least one context length", "none");
@@ -106,6 +106,10 @@ PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>&
   if (o.keys < 1) throw Error("keys", ">= 1 per cell", std::to_string(o.keys));
   if (o.answer_tokens < 1) throw Error("answer_tokens", ">= 1", std::to_string(o.answer_tokens));
   if (o.ubatch < 1) throw Error("ubatch", ">= 1 tokens", std::to_string(o.ubatch));
+  std::vector<KVCacheSpec> all{target.reference_spec()};
+  for (const auto& s : specs)
+    if (!target.is_reference(s)) all.push_back(s);
+  check_target(model, specs, target);  // a format the device cannot run: UnsupportedError before any work
   // Prompts once (identical for every format).
   struct Prompt {
     int32_t context;
@@ -127,9 +131,6 @@ PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>&
       }
     }
   }
-  std::vector<KVCacheSpec> all{KVCacheSpec{}};
-  for (const auto& s : specs)
-    if (!(s.kv_cache_dtype == "fp32" && s.residual == 0 && s.sinks == 0 && !s.rotate)) all.push_back(s);
   const std::vector<int32_t> stops = stop_tokens(lm);
   const std::size_t V = static_cast<std::size_t>(c.vocab_size);
   const int64_t total = per_format * static_cast<int64_t>(all.size());
@@ -137,9 +138,11 @@ PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>&
   using clock = std::chrono::steady_clock;
   PasskeyResult res;
   res.options = o;
+  res.device = target.device_name();
+  res.reference_device = target.reference_device();
   std::vector<float> logits(V);
   for (const KVCacheSpec& spec : all) {
-    Engine engine(model, spec, 1, max_ctx);
+    Engine engine(model, spec, 1, max_ctx, &spec == &all.front() ? target.reference_options() : target.engine);
     PasskeyFormat f;
     f.spec = spec;
     f.label = spec.label();
@@ -177,7 +180,7 @@ PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>&
       t.success = t.answer_text.find(t.key) != std::string::npos;
       f.trials.push_back(std::move(t));
     }
-    if (!res.formats.empty()) {  // divergence vs the fp32 cache's answers
+    if (!res.formats.empty()) {  // divergence vs the reference's answers
       const PasskeyFormat& ref = res.formats.front();
       for (std::size_t i = 0; i < f.trials.size(); ++i) {
         const auto& a = ref.trials[i].answer;

@@ -15,7 +15,8 @@
 // The prompt is prefilled through the cache under test in ubatches (Engine::extend: quantized history is what later
 // tokens see), then `answer_tokens` greedy tokens are decoded from the cache (stopping at an end-of-turn token).
 // success = the decoded answer contains KEY. first divergence = the first answer step whose token differs from the
-// fp32 cache's answer to the same prompt (−1 = identical answers).
+// reference's answer to the same prompt (−1 = identical answers); the reference is the fp32 cache on the CPU, on CUDA
+// the device's bf16 cache or the CPU's fp32 one (EvalTarget).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,7 @@ struct PasskeyTrial {
   std::vector<int32_t> answer;
   std::string answer_text;
   bool success = false;
-  int32_t divergence = -1;    ///< first answer step differing from the fp32 cache's answer; −1 = none
+  int32_t divergence = -1;    ///< first answer step differing from the reference's answer; −1 = none
 };
 
 struct PasskeyFormat {
@@ -60,7 +61,9 @@ struct PasskeyFormat {
 
 struct PasskeyResult {
   PasskeyOptions options;
-  std::vector<PasskeyFormat> formats;  ///< fp32 first (the reference for the divergence), then the given specs
+  std::vector<PasskeyFormat> formats;  ///< the reference first (fp32 on the CPU, bf16 on CUDA), then the given specs
+  std::string device = "cpu";           ///< where the formats ran (EvalTarget::device_name)
+  std::string reference_device = "cpu"; ///< where the reference ran
 };
 
 /// The user message and answer prefix of one trial (exposed for the tests): `reps` filler repetitions with the needle
@@ -74,10 +77,12 @@ std::string passkey_key(uint64_t seed, int32_t context, int32_t depth_index, int
 std::vector<int32_t> passkey_prompt(const LoadedModel& lm, int32_t context, double depth, const std::string& key,
                                     int32_t answer_tokens);
 
-/// Runs every trial for the fp32 cache and each spec (an "fp32" spec in `specs` is not run twice). Progress counts
-/// prompt tokens prefilled (all formats). Throws Error naming 'contexts', 'depths', 'keys', 'answer_tokens'.
+/// Runs every trial for the reference (target.reference_spec() on target.reference_options()) and each spec on
+/// target.engine (a spec equal to the reference is not run twice). Progress counts prompt tokens prefilled (all
+/// formats). Throws Error naming 'contexts', 'depths', 'keys', 'answer_tokens'; UnsupportedError before any work for a
+/// format the device cannot run (check_target).
 PasskeyResult run_passkey(const LoadedModel& lm, const std::vector<KVCacheSpec>& specs, const PasskeyOptions& options,
-                          const Progress& progress = {});
+                          const Progress& progress = {}, const EvalTarget& target = {});
 
 /// SVG heatmap of one format: columns = contexts, rows = depths, cell = successes / trials (green = all, red = none).
 std::string passkey_heatmap_svg(const PasskeyFormat& f, const PasskeyOptions& o, const std::string& model_name);

@@ -109,7 +109,7 @@ std::vector<int32_t> text_tokens(const Tokenizer& tok, const std::string& text) 
 }
 
 TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& specs, const std::vector<int32_t>& tokens,
-                         const PerplexityOptions& o, const Progress& progress) {
+                         const PerplexityOptions& o, const Progress& progress, const EvalTarget& target) {
   const ModelConfig& c = model.config;
   if (o.n_ctx < 4 || o.n_ctx > c.seq_len)
     throw Error("n_ctx", "4.." + std::to_string(c.seq_len) + " tokens (the model's context)", std::to_string(o.n_ctx));
@@ -126,15 +126,17 @@ TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& spe
   const std::size_t nf = specs.size();
   // All caches live at once (lockstep): the reference's logits of a ubatch are compared with every format's before
   // the next ubatch, so only two ubatches of logits are ever held.
-  auto ref = std::make_unique<Engine>(model, KVCacheSpec{}, 1, o.n_ctx);
+  // Every engine is built before any work: a format the device cannot run is an UnsupportedError here.
+  auto ref = std::make_unique<Engine>(model, target.reference_spec(), 1, o.n_ctx, target.reference_options());
   std::vector<std::unique_ptr<Engine>> eng;
-  for (const auto& s : specs) eng.push_back(std::make_unique<Engine>(model, s, 1, o.n_ctx));
+  for (const auto& s : specs) eng.push_back(std::make_unique<Engine>(model, s, 1, o.n_ctx, target.engine));
 
   std::vector<double> nll_ref;
   std::vector<std::vector<double>> nll(nf), kld(nf), dp(nf);
   std::vector<std::vector<uint8_t>> same(nf);
   std::vector<double> secs(nf + 1, 0.0);
   std::vector<KVMemory> mem(nf);
+  KVMemory mem_ref;
   const int64_t total = static_cast<int64_t>(chunks) * o.n_ctx * static_cast<int64_t>(nf + 1);
   int64_t done = 0;
   std::vector<float> lref, lfmt;
@@ -198,8 +200,10 @@ TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& spe
         }
       }
     }
-    if (ci == 0)
+    if (ci == 0) {
+      mem_ref = ref->memory();
       for (std::size_t f = 0; f < nf; ++f) mem[f] = eng[f]->memory();
+    }
     ref->remove_sequence(sr);
     for (std::size_t f = 0; f < nf; ++f) eng[f]->remove_sequence(sid[f]);
   }
@@ -209,6 +213,10 @@ TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& spe
   res.ubatch = o.ubatch;
   res.chunks = chunks;
   res.text_tokens = static_cast<int64_t>(tokens.size());
+  res.reference_spec = target.reference_spec();
+  res.reference_device = target.reference_device();
+  res.device = target.device_name();
+  res.reference_bits = mem_ref.effective_bits;
   {
     const std::vector<double> zero(nll_ref.size(), 0.0);
     const std::vector<uint8_t> one(nll_ref.size(), 1);

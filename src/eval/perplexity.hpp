@@ -10,7 +10,8 @@
 //     stored cache — as llama.cpp's ubatches and a serving engine's chunked prefill do — so the quantized history is
 //     what later tokens see;
 //   - scored positions: j in [n_ctx/2, n_ctx − 1) of each chunk, predicting token j + 1 (n_ctx/2 − 1 per chunk).
-// The reference is the fp32 cache, run in lockstep (same chunk, same ubatches) with every format.
+// The reference (the fp32 cache on the CPU; on CUDA the device's bf16 cache or the CPU's fp32 one: EvalTarget) runs in
+// lockstep (same chunk, same ubatches) with every format.
 // Per scored position (log-softmax in float64 from the float32 logits; p = reference, q = format):
 //   nll        = −log q(next)                              PPL = exp(mean nll) ± PPL·σ(nll)/√(n−1)
 //   KLD        = Σ_v p(v)(log p(v) − log q(v))            mean ± σ/√(n−1); 99th percentile; max (all nats)
@@ -60,17 +61,24 @@ struct TextRow {
 struct TextResult {
   int32_t n_ctx = 0, ubatch = 0, chunks = 0;
   int64_t text_tokens = 0;        ///< tokens of the whole text
-  TextStats reference;            ///< the fp32 cache (its ppl; KLD = 0)
+  TextStats reference;            ///< the reference cache (its ppl; KLD = 0)
+  KVCacheSpec reference_spec;     ///< fp32 (CPU) or bf16 (CUDA)
+  std::string reference_device = "cpu";  ///< where the reference ran: "cpu" or "cuda:N"
+  std::string device = "cpu";            ///< where the formats ran
+  double reference_bits = 32.0;   ///< effective bits of the reference cache
   std::vector<TextRow> rows;      ///< one per format, in the order given
 };
 
 /// Tokens of a text file for the protocol above (BOS first iff tok.add_bos()).
 std::vector<int32_t> text_tokens(const Tokenizer& tok, const std::string& text);
 
-/// Runs the protocol. Throws Error naming 'n_ctx' (< 4 or > the model's context), 'ubatch' (< 1), 'text' (fewer than
-/// n_ctx tokens), or whatever the cache rejects for a spec. Progress counts tokens fed (all caches).
+/// Runs the protocol on `target` (the reference on target.reference_options(), the formats on target.engine). Throws
+/// Error naming 'n_ctx' (< 4 or > the model's context), 'ubatch' (< 1), 'text' (fewer than n_ctx tokens), or whatever
+/// the cache rejects for a spec; UnsupportedError (before any work) for a format the device cannot run. Progress
+/// counts tokens fed (all caches).
 TextResult evaluate_text(const Model& model, const std::vector<KVCacheSpec>& specs, const std::vector<int32_t>& tokens,
-                         const PerplexityOptions& options, const Progress& progress = {});
+                         const PerplexityOptions& options, const Progress& progress = {},
+                         const EvalTarget& target = {});
 
 /// The statistics above from per-position values (exposed for the tests): nll_ref / nll_fmt (−log p(next)),
 /// kld, dp (q(next) − p(next)), same (0/1).

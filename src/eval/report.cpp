@@ -58,7 +58,8 @@ nlohmann::json rows_to_json(const std::vector<FormatRow>& rows) {
   return a;
 }
 
-void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path) {
+void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path,
+                       const std::string& reference) {
   const double W = 720, H = 440, L = 80, R = 30, T = 50, B = 60;
   // Formats with KL = 0 (the fp32 reference) cannot sit on a log axis: they are listed under the title instead and
   // do not stretch the bits axis.
@@ -103,7 +104,7 @@ void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& ti
   s << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 15
     << "\" text-anchor=\"middle\">effective bits per cached element (codes + metadata + residual + slack)</text>\n";
   s << "<text x=\"20\" y=\"" << (T + H - B) / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 20 "
-    << (T + H - B) / 2 << ")\">mean KL(fp32 cache || format), nats/token</text>\n";
+    << (T + H - B) / 2 << ")\">mean KL(" << reference << " || format), nats/token</text>\n";
   if (!exact.empty())
     s << "<text x=\"" << W / 2 << "\" y=\"40\" text-anchor=\"middle\" fill=\"#555\">KL = 0 exactly (not drawn): " << exact
       << "</text>\n";

@@ -25,9 +25,10 @@ std::string format_table(const std::vector<FormatRow>& rows, bool greedy);
 nlohmann::json rows_to_json(const std::vector<FormatRow>& rows);
 
 /// Writes an SVG scatter plot of mean KL (log scale) against effective bits per element, one labelled point per
-/// format (formats with KL = 0, such as the fp32 reference, are named in a caption instead of drawn).
-/// Throws IoError if the file cannot be written.
-void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path);
+/// format (formats with KL = 0, such as the fp32 reference, are named in a caption instead of drawn). `reference`
+/// names the y axis' reference ("fp32 cache", "bf16 cache on cuda:0"). Throws IoError if the file cannot be written.
+void write_kl_plot_svg(const std::vector<FormatRow>& rows, const std::string& title, const std::string& path,
+                       const std::string& reference = "fp32 cache");
 
 /// Markdown table of a text evaluation (perplexity.hpp): the fp32 reference row, then one row per format with PPL,
 /// ΔPPL, mean / 99% / max KLD, RMS Δp, same top-1 (each ± as llama-perplexity prints it), bits and bytes per token.
@@ -42,6 +43,11 @@ nlohmann::json passkey_to_json(const PasskeyResult& r);
 /// Markdown table of engine speed rows (speed.hpp).
 std::string speed_table(const std::vector<SpeedRow>& rows);
 nlohmann::json speed_to_json(const std::vector<SpeedRow>& rows);
+
+/// {"device": "cuda:0", "reference": {"device", "kv_cache_dtype", "name"}} of an evaluation target, and the formats a
+/// default list left out ([{"label", "kv_cache_dtype", "reason"}]).
+nlohmann::json target_to_json(const EvalTarget& target);
+nlohmann::json skipped_to_json(const std::vector<SkippedFormat>& skipped);
 
 /// Where and when a result was measured: the exact command line (/proc/self/cmdline), ISO date, CPU model, hardware
 /// threads, OpenMP threads, load average (1/5/15 min) at the call, flashkv version.

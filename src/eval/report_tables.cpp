@@ -67,6 +67,10 @@ nlohmann::json spec_json(const KVCacheSpec& s) {
   return {{"kv_cache_dtype", s.kv_cache_dtype}, {"residual", s.residual}, {"sinks", s.sinks},
           {"rotate", s.rotate}, {"page_size", s.page_size}};
 }
+/// "fp32 (reference)" on the CPU, "bf16 (reference, cuda:0)" elsewhere.
+std::string reference_label(const KVCacheSpec& spec, const std::string& device) {
+  return spec.label() + (device == "cpu" ? " (reference)" : " (reference, " + device + ")");
+}
 nlohmann::json stats_json(const TextStats& s) {
   return {{"scored", s.scored},       {"ppl", s.ppl},           {"ppl_err", s.ppl_err},
           {"delta_ppl", s.delta_ppl}, {"delta_ppl_err", s.delta_ppl_err}, {"kld_mean", s.kld_mean},
@@ -77,11 +81,12 @@ nlohmann::json stats_json(const TextStats& s) {
 }  // namespace
 
 std::string text_table(const TextResult& r) {
-  const std::vector<std::string> head = {"kv cache", "eff. bits", "bytes/token", "PPL", "ΔPPL vs fp32", "mean KLD",
-                                         "99% KLD", "max KLD", "RMS Δp", "same top-1"};
+  const std::vector<std::string> head = {"kv cache", "eff. bits", "bytes/token", "PPL",
+                                         "ΔPPL vs " + r.reference_spec.label(), "mean KLD", "99% KLD", "max KLD",
+                                         "RMS Δp", "same top-1"};
   std::vector<std::vector<std::string>> cells;
-  cells.push_back({"fp32 (reference)", "32.00", "—", pm("%.4f", r.reference.ppl, r.reference.ppl_err), "—", "—", "—",
-                   "—", "—", "—"});
+  cells.push_back({reference_label(r.reference_spec, r.reference_device), f("%.2f", r.reference_bits), "—",
+                   pm("%.4f", r.reference.ppl, r.reference.ppl_err), "—", "—", "—", "—", "—", "—"});
   for (const TextRow& row : r.rows) {
     const TextStats& s = row.stats;
     cells.push_back({row.label, f("%.2f", row.effective_bits), f("%.0f", row.bytes_per_token), pm("%.4f", s.ppl, s.ppl_err),
@@ -95,7 +100,11 @@ std::string text_table(const TextResult& r) {
 
 nlohmann::json text_to_json(const TextResult& r) {
   nlohmann::json j = {{"n_ctx", r.n_ctx}, {"ubatch", r.ubatch}, {"chunks", r.chunks}, {"text_tokens", r.text_tokens},
-                      {"scored_tokens", r.reference.scored}, {"reference", stats_json(r.reference)}};
+                      {"scored_tokens", r.reference.scored}, {"reference", stats_json(r.reference)},
+                      {"device", r.device}};
+  j["reference"]["device"] = r.reference_device;
+  j["reference"]["kv_cache_dtype"] = r.reference_spec.kv_cache_dtype;
+  j["reference"]["effective_bits"] = r.reference_bits;
   j["formats"] = nlohmann::json::array();
   for (const TextRow& row : r.rows) {
     nlohmann::json e = spec_json(row.spec);
@@ -113,10 +122,14 @@ nlohmann::json text_to_json(const TextResult& r) {
 std::string passkey_table(const PasskeyResult& r) {
   std::vector<std::string> head = {"kv cache"};
   for (int32_t c : r.options.contexts) head.push_back(c % 1024 == 0 ? std::to_string(c / 1024) + "k" : std::to_string(c));
-  for (const char* h : {"all", "answers = fp32's", "first divergence (differing answers)"}) head.push_back(h);
+  const std::string ref = r.formats.empty() ? std::string("fp32") : r.formats.front().label;
+  for (const std::string& h : {std::string("all"), "answers = " + ref + "'s", std::string("first divergence (differing answers)")})
+    head.push_back(h);
   std::vector<std::vector<std::string>> cells;
   for (const PasskeyFormat& p : r.formats) {
-    std::vector<std::string> c = {p.label};
+    std::vector<std::string> c = {&p == &r.formats.front() && r.reference_device != r.device
+                                      ? p.label + " (reference, " + r.reference_device + ")"
+                                      : p.label};
     for (int32_t ctx : r.options.contexts) c.push_back(f("%.0f%%", 100 * p.success_rate(ctx)));
     c.push_back(f("%.1f%%", 100 * p.success_rate()));
     c.push_back(std::to_string(p.identical_answers()) + "/" + std::to_string(p.trials.size()));
@@ -133,7 +146,8 @@ std::string passkey_table(const PasskeyResult& r) {
 nlohmann::json passkey_to_json(const PasskeyResult& r) {
   const PasskeyOptions& o = r.options;
   nlohmann::json j = {{"contexts", o.contexts}, {"depths", o.depths}, {"keys", o.keys},
-                      {"answer_tokens", o.answer_tokens}, {"ubatch", o.ubatch}, {"seed", o.seed}};
+                      {"answer_tokens", o.answer_tokens}, {"ubatch", o.ubatch}, {"seed", o.seed},
+                      {"device", r.device}, {"reference_device", r.reference_device}};
   j["formats"] = nlohmann::json::array();
   for (const PasskeyFormat& p : r.formats) {
     nlohmann::json e = spec_json(p.spec);
@@ -151,6 +165,20 @@ nlohmann::json passkey_to_json(const PasskeyResult& r) {
     j["formats"].push_back(std::move(e));
   }
   return j;
+}
+
+nlohmann::json target_to_json(const EvalTarget& t) {
+  return {{"device", t.device_name()},
+          {"reference",
+           {{"device", t.reference_device()}, {"kv_cache_dtype", t.reference_spec().kv_cache_dtype},
+            {"name", t.reference_name()}}}};
+}
+
+nlohmann::json skipped_to_json(const std::vector<SkippedFormat>& skipped) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const SkippedFormat& s : skipped)
+    a.push_back({{"label", s.label}, {"kv_cache_dtype", s.spec.kv_cache_dtype}, {"reason", s.reason}});
+  return a;
 }
 
 std::string speed_table(const std::vector<SpeedRow>& rows) {

@@ -3,7 +3,8 @@
 
 checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line),
 docs (every `flashkv ...` / `scripts/flashkv ...` command shown in docs/engine.md, and README.md's engine commands,
-runs and exits 0)."""
+runs and exits 0; docs_cuda: the `--device cuda` ones, on a GPU machine), eval_device (eval / eval passkey / demo
+--device and --reference)."""
 import json
 import os
 import re
@@ -150,17 +151,55 @@ def documented_commands(path):
     return cmds
 
 
-def check_docs(binary):
-    """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the shipped model and
-    tokenizer, ../shared/models = the models folder, scripts/flashkv = the built binary) in a temporary directory, so
-    the files it writes land there. Commands that name a model that is not installed are reported and skipped."""
+def on_cuda(cmd):
+    """A documented command that runs on the GPU (`--device cuda[:N]`): docs_cuda runs those, docs the others."""
+    return re.search(r"--device[ =]cuda", cmd) is not None
+
+
+def documented_engine_commands():
     # README.md: the engine / evaluation commands (the attention benchmark and `eval kv` examples take minutes on 2
     # cores and have their own tests); docs/engine.md: every command.
     engine_cmds = ("demo", "generate", "eval", "convert", "chat", "bench engine")
     readme = [c for c in documented_commands(REPO / "README.md")
               if c.split(" ", 1)[1].startswith(engine_cmds) and not c.split(" ", 1)[1].startswith("eval kv")]
-    cmds = list(dict.fromkeys(readme + documented_commands(REPO / "docs" / "engine.md")))  # each command once
+    return list(dict.fromkeys(readme + documented_commands(REPO / "docs" / "engine.md")))  # each command once
+
+
+def check_docs(binary):
+    """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the shipped model and
+    tokenizer, ../shared/models = the models folder, scripts/flashkv = the built binary) in a temporary directory, so
+    the files it writes land there. Commands that name a model that is not installed are reported and skipped. The
+    `--device cuda` commands are docs_cuda's (run where a CUDA device is)."""
+    cmds = [c for c in documented_engine_commands() if not on_cuda(c)]
     expect(len(cmds) >= 8, f"found the documented commands ({len(cmds)})")
+    run_documented(binary, cmds)
+
+
+def cuda_engine_available(binary):
+    """None when `--device cuda` runs here, else the one-line reason (no CUDA backend in this build, no device)."""
+    m = model_args()
+    r = run(binary, "generate", *m, "--device", "cuda", "--steps", "1", "--temperature", "0", "--json")
+    if r.returncode == 2 and ("options.device = cuda" in r.stderr or "cuBLAS" in r.stderr):
+        return r.stderr.strip()
+    return None
+
+
+def check_docs_cuda(binary):
+    """docs_cuda (ctest label gpu): every documented `--device cuda` command runs and exits 0 on a GPU machine, its
+    --json file records the device; exit 77 (skipped) where the CUDA engine cannot run (the reason is printed)."""
+    if not model_args():
+        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        return 77
+    why = cuda_engine_available(binary)
+    if why:
+        print(f"skipped: the CUDA engine does not run here: {why}")
+        return 77
+    cmds = [c for c in documented_engine_commands() if on_cuda(c)]
+    expect(len(cmds) >= 6, f"found the documented --device cuda commands ({len(cmds)})")
+    run_documented(binary, cmds, check_json_device=True)
+
+
+def run_documented(binary, cmds, check_json_device=False):
     subst = {"M.bin": str(MODELS / "aidreams260K.bin"), "T.bin": str(MODELS / "aidreams260K.tok512.bin"),
              "../shared/models": str(MODELS)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,6 +216,16 @@ def check_docs(binary):
                 continue
             print(f"{dt:6.1f} s  exit {r.returncode}  {cmd}")
             expect(r.returncode == 0, f"documented command exits 0: {cmd}\n{r.stderr[-800:]}")
+            i = argv.index("--json") if "--json" in argv else -1
+            if check_json_device and r.returncode == 0 and 0 <= i < len(argv) - 1 and not argv[i + 1].startswith("--"):
+                out = argv[i + 1]
+                text = r.stdout if out == "-" else (Path(tmp) / out).read_text()
+                j = json.loads(text[text.index("{"):])
+                dev = argv[argv.index("--device") + 1]
+                expect(j.get("device") == dev or j.get("config", {}).get("device") == dev,
+                       f"{cmd}: the JSON records the device {dev}")
+            if check_json_device and r.returncode == 0:
+                print(r.stdout[-1500:])
 
 
 def models_dir():
@@ -315,6 +364,64 @@ def check_output_paths(binary):
         expect(r.returncode == 2 and j.read_text() == "old", "an existing output file is untouched when the run fails")
 
 
+def check_eval_device(binary):
+    """Issue 14: eval, eval --text, eval passkey and demo take --device cpu|cuda|cuda:N and --reference device|cpu.
+    Bad values are one line, exit 2; --device cuda without the CUDA engine (no backend in this build, no device) is a
+    typed one-line error, exit 2, before any work (nothing on stdout); on the CPU --reference cpu is the default's
+    fp32 cache and the JSON records the device and the reference."""
+    m = model_args()
+    if not m:
+        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        return 77
+    gpl = "/usr/share/common-licenses/GPL-3"
+    ev = ["eval", *m, "--samples", "2", "--length", "24", "--no-progress"]
+    pk = ["eval", "passkey", *m, "--contexts", "128", "--depths", "50", "--keys", "1", "--no-progress"]
+    demo = ["demo", *m, "--steps", "4", "--no-progress"]
+    for args, name in [
+        ([*ev, "--device", "tpu"], "device"),
+        ([*ev, "--device", "cuda:x"], "device"),
+        ([*ev, "--device", "cuda:"], "device"),
+        ([*ev, "--reference", "gpu"], "reference"),
+        ([*ev, "--text", gpl, "--device", "gpu"], "device"),
+        ([*pk, "--device", "cuda:-1"], "device"),
+        ([*pk, "--reference", "host"], "reference"),
+        ([*demo, "--device", "gpu"], "device"),
+        ([*demo, "--reference", ""], "reference"),
+    ]:
+        expect_user_error(binary, args, name)
+    why = cuda_engine_available(binary)
+    if why:  # no CUDA engine here (CI): every form of --device cuda is the same typed line, before any work
+        for args in ([*ev, "--device", "cuda"], [*ev, "--device", "cuda", "--kv-cache", "int8", "int4"],
+                     [*ev, "--device", "cuda:0", "--reference", "cpu", "--kv-cache", "bf16"],
+                     [*ev, "--device", "cuda", "--text", gpl, "--ctx", "64", "--chunks", "1"],
+                     [*pk, "--device", "cuda", "--kv-cache", "int8"], [*demo, "--device", "cuda"],
+                     [*demo, "--device", "cuda", "--reference", "cpu", "--kv-cache", "bf16"]):
+            expect_user_error(binary, args, "CUDA")
+    else:
+        print("note: the CUDA engine runs here: the no-CUDA error paths are not checked (docs_cuda runs the device)")
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a.json", Path(tmp) / "b.json"
+        ra = run(binary, *ev, "--kv-cache", "int8", "int4", "--json", str(a))
+        rb = run(binary, *ev, "--kv-cache", "int8", "int4", "--reference", "cpu", "--device", "cpu", "--json", str(b))
+        expect(ra.returncode == 0 and rb.returncode == 0, f"eval on the CPU: {ra.stderr} {rb.stderr}")
+        if ra.returncode == 0 and rb.returncode == 0:
+            ja, jb = json.loads(a.read_text()), json.loads(b.read_text())
+            expect(ja["device"] == "cpu" and ja["target"]["reference"] == {"device": "cpu", "kv_cache_dtype": "fp32",
+                                                                           "name": "fp32 cache on cpu"},
+                   f"eval --json records the device and the reference: {ja.get('target')}")
+            expect(ja["skipped"] == [], "nothing skipped on the CPU")
+            expect([f["mean_kl"] for f in ja["formats"]] == [f["mean_kl"] for f in jb["formats"]],
+                   "--reference cpu on the CPU is the default reference (the same KL)")
+            expect("reference = fp32 cache" in ra.stdout, "the table names the reference")
+        d = Path(tmp) / "d.json"
+        r = run(binary, *demo, "--kv-cache", "bf16", "int8", "--json", str(d))
+        expect(r.returncode == 0, f"demo on the CPU: {r.stderr}")
+        if r.returncode == 0:
+            jd = json.loads(d.read_text())
+            expect(jd["device"] == "cpu" and jd["demo"]["device"] == "cpu" and jd["demo"]["skipped"] == [],
+                   f"demo --json records the device: {jd.get('device')}")
+
+
 def check_memory_wording(binary):
     """Issue 10 item 9: `generate` and `kv-mem` report KV memory vs bf16 with one formula and one wording."""
     m = model_args()
@@ -432,7 +539,8 @@ def main():
     binary, check = sys.argv[1], sys.argv[2]
     rc = {"bench_json": check_bench_json, "explain": check_explain, "bad_args": check_bad_args,
           "parsing": check_parsing, "output_paths": check_output_paths,
-          "memory_wording": check_memory_wording, "docs": check_docs, "bench_batch": check_bench_batch}[check](os.path.abspath(binary))
+          "memory_wording": check_memory_wording, "docs": check_docs, "bench_batch": check_bench_batch,
+          "docs_cuda": check_docs_cuda, "eval_device": check_eval_device}[check](os.path.abspath(binary))
     if rc == 77 and not failed:
         return 77
     print(f"{passed} passed, {failed} failed")
