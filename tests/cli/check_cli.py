@@ -190,6 +190,9 @@ def check_docs_cuda(binary):
     if not model_args():
         print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
         return 77
+    if not os.path.exists(binary):  # scripts/gpu-ci builds the library and GPU tests only, not the CLI
+        print(f"skipped: the CLI is not built in this build directory ({binary}); scripts/gpu-build builds it")
+        return 77
     why = cuda_engine_available(binary)
     if why:
         print(f"skipped: the CUDA engine does not run here: {why}")
