@@ -4,8 +4,10 @@
 //
 // A row with no visible key (mask rule) stores out = 0 and lse = -inf; every other row is IEEE (OnlineSoftmax::
 // finalize): NaN or +inf scores and non-finite V values of visible keys give non-finite outputs. A row whose O holds a
-// non-finite element (a legitimate one, or 0 * inf from a masked key in a boundary tile's P V) is recomputed exactly
-// by its warp afterwards (common/nonfinite.cuh); rows without non-finite values never take that path.
+// non-finite element (a legitimate one, or 0 * inf from a masked key in a boundary tile's P V) is flagged, and
+// recomputed exactly afterwards (common/nonfinite.cuh: by its warp, or by the fix-up kernel of a mainloop without the
+// in-kernel rare path); rows without non-finite values never take that path. What the common path adds to a plain
+// store: one FSETP per O element and one vote per warp (the mask rule is evaluated only for rows with l = 0).
 #pragma once
 
 #include <cmath>
@@ -50,26 +52,48 @@ struct EpilogueFwd {
     T* og = blk.out<T>(p);
     Flagged fl;
     fl.any = false;
+    // A row without a visible key has l = 0, and so has a row whose visible scores are all -inf (which stays NaN): the
+    // mask rule tells them apart, evaluated only in a warp that holds a row with l = 0 (rare).
+    float l[kMT][2];
+    bool maybe_empty = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        l[mt][hh] = softmax.total(mt, hh);
+        maybe_empty |= !(l[mt][hh] > 0.f);
+      }
+    bool empty[kMT][2] = {};
+    if (__any_sync(0xffffffffu, maybe_empty)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          empty[mt][hh] = !(l[mt][hh] > 0.f) && blk.row_empty(m0 + warp_row0 + mt * 16 + g + 8 * hh);
+        }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = warp_row0 + mt * 16 + g + 8 * hh;
         const int i = m0 + r;
-        const bool empty = blk.rule.row_first(i) >= blk.rule.row_last(i);  // no visible key
         float inv, lse;
-        softmax.finalize(mt, hh, p.softmax_scale_log2, empty, inv, lse);
+        softmax.finalize(mt, hh, l[mt][hh], p.softmax_scale_log2, empty[mt][hh], inv, lse);
+        // Non-finite test: one FSETP (|x| < inf, NaN compares false) per element, accumulated in a predicate.
         bool bad = false;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
-          bad |= (__float_as_uint(o(mt, dt, hh, 0)) & 0x7F800000u) == 0x7F800000u;
-          bad |= (__float_as_uint(o(mt, dt, hh, 1)) & 0x7F800000u) == 0x7F800000u;
+          bad |= !(fabsf(o(mt, dt, hh, 0)) < INFINITY);
+          bad |= !(fabsf(o(mt, dt, hh, 1)) < INFINITY);
         }
         fl.ballot[mt][hh] = __ballot_sync(0xffffffffu, bad);
         fl.any |= fl.ballot[mt][hh] != 0u;
+        // An empty row has inv = 0, so a finite O (which is 0 there: every P of it is exp2(-inf) = 0) stores 0; a
+        // non-finite one (0 * inf of a masked key) is flagged above and rewritten by the rare path.
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
-          const float a = empty ? 0.f : o(mt, dt, hh, 0) * inv, c = empty ? 0.f : o(mt, dt, hh, 1) * inv;
+          const float a = o(mt, dt, hh, 0) * inv, c = o(mt, dt, hh, 1) * inv;
           *reinterpret_cast<uint32_t*>(smem + TileQ::offset_elem(r, dt * 8 + 2 * t)) = pack2<T>(a, c);
         }
         if (p.lse != nullptr && t == 0 && i < blk.si.seqlen_q) {
