@@ -331,6 +331,40 @@ bool fp8_compiled(int d) {
 #define FLASHKV_REQUIRE_FP8() \
   if (!hopper_sm90a()) GTEST_SKIP() << "no Hopper GPU running sm_90a code (FP8 is sm90ws only)"
 
+// The baseline's device GEMM has the layout of its host emulation (fp8::gemm_exact): on codes whose products and sums
+// need <= 11 significant bits (values in {0, +-1/2, +-1, +-2}, k = 80) the tensor cores are exact, so d must equal
+// the emulation bit for bit (a transposed operand or output would not); on full-range codes the two differ by the
+// FP8 MMA's accumulation only (printed: the error the baseline now carries).
+TEST(CudaFp8Forward, BaselineGemmLayout) {
+  FLASHKV_REQUIRE_FP8();
+  fp8::CublasLtFp8Gemm* gemm = device_fp8_gemm();
+  if (gemm == nullptr) return;
+  std::mt19937_64 rng(test_seed() + 11);
+  const int m = 48, n = 32, k = 80;
+  std::vector<uint8_t> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(n) * k);
+  std::vector<float> dev(static_cast<size_t>(m) * n), host(dev.size());
+  const uint8_t small[] = {0x00, 0x30, 0x38, 0x40, 0xB0, 0xB8, 0xC0};  // 0, 1/2, 1, 2, -1/2, -1, -2
+  std::uniform_int_distribution<int> pick(0, 6), code(0, 0x7E);
+  for (auto& x : a) x = small[pick(rng)];
+  for (auto& x : b) x = small[pick(rng)];
+  (*gemm)(a.data(), b.data(), m, n, k, dev.data());
+  fp8::gemm_exact(a.data(), b.data(), m, n, k, host.data());
+  for (size_t i = 0; i < dev.size(); ++i) ASSERT_EQ(dev[i], host[i]) << "d[" << i / m << " * m + " << i % m << "]";
+  for (auto& x : a) x = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
+  for (auto& x : b) x = static_cast<uint8_t>(code(rng) | (rng() & 0x80));
+  (*gemm)(a.data(), b.data(), m, n, k, dev.data());
+  fp8::gemm_exact(a.data(), b.data(), m, n, k, host.data());
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < dev.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(dev[i]) - host[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(host[i])));
+  }
+  std::printf("  [fp8 baseline] device e4m3 GEMM vs exact sums, full-range codes, k = %d: max abs err %.3g of max "
+              "|d| %.3g (%.2g relative)\n",
+              k, err, mag, err / mag);
+  EXPECT_LE(err, mag * std::ldexp(1.0, -8)) << "the FP8 MMA keeps ~13-14 bits: far more than 8";
+}
+
 TEST(CudaFp8Forward, GridVsFloat64Reference) {
   FLASHKV_REQUIRE_FP8();
   for (int d : {64, 128, 256}) {
