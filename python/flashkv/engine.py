@@ -38,6 +38,7 @@ import numpy as np
 from . import _library as L
 from ._attention import _bool_arg, _float_arg, _int_arg
 from ._handle import OwnedHandle
+from .kvcache import _KV_FORMAT_FIELDS
 
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
@@ -49,12 +50,7 @@ class _EngineOptions(ctypes.Structure):
         ("struct_size", ctypes.c_uint32),
         ("tokenizer_path", ctypes.c_char_p),
         ("device", ctypes.c_char_p),
-        ("kv_cache_dtype", ctypes.c_char_p),
-        ("page_size", ctypes.c_int32),
-        ("residual_tokens", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int32),
-        ("rotation", ctypes.c_int32),
-        ("rotation_seed", ctypes.c_uint64),
+    ] + _KV_FORMAT_FIELDS + [
         ("kv_capacity_pages", ctypes.c_int64),
         ("max_sequences", ctypes.c_int32),
         ("max_context", ctypes.c_int32),

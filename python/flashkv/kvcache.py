@@ -35,18 +35,24 @@ from ._tensor import new_output, to_tensor
 _INT64_MAX = 2**63 - 1
 
 
+# The KV format's fields, in this order, in flashkv_kv_cache_config and in flashkv_engine_options (engine.py).
+_KV_FORMAT_FIELDS = [
+    ("kv_cache_dtype", ctypes.c_char_p),
+    ("page_size", ctypes.c_int32),
+    ("residual_tokens", ctypes.c_int32),
+    ("sink_tokens", ctypes.c_int32),
+    ("rotation", ctypes.c_int32),
+    ("rotation_seed", ctypes.c_uint64),
+]
+
+
 class _Config(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
         ("num_layers", ctypes.c_int32),
         ("num_heads_kv", ctypes.c_int32),
         ("head_dim", ctypes.c_int32),
-        ("kv_cache_dtype", ctypes.c_char_p),
-        ("page_size", ctypes.c_int32),
-        ("residual_tokens", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int32),
-        ("rotation", ctypes.c_int32),
-        ("rotation_seed", ctypes.c_uint64),
+    ] + _KV_FORMAT_FIELDS + [
         ("k_scales", ctypes.POINTER(ctypes.c_float)),
         ("num_k_scales", ctypes.c_int32),
         ("v_scales", ctypes.POINTER(ctypes.c_float)),
