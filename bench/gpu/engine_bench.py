@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
+from _bench_util import sample_seconds  # noqa: E402
 from engine_bench_report import GiB, matrix_params, report  # noqa: E402
 
 FORMATS = "bf16,int4,int8,fp8_e4m3,int2_kivi"  # run order: the targets' formats first (time budgets)
@@ -96,23 +97,7 @@ def ceilings(torch, dev):
     """HBM ceilings as bench_attention.py measures them: copy 2^30 B (read + write), read 2^30 B (a bf16 sum), an
     8192^3 bf16 GEMM; median of 20 after warm-up (CUDA events)."""
     def t(fn, rep=20):
-        for _ in range(3):
-            fn()
-        if dev == "cpu":
-            ts = []
-            for _ in range(rep):
-                s = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - s)
-            return sorted(ts)[len(ts) // 2]
-        ts = []
-        for _ in range(rep):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
+        ts = sample_seconds(fn, rep, warmup=3, device=dev)
         return sorted(ts)[len(ts) // 2]
 
     n = 2 ** 30 if dev == "cuda" else 2 ** 26

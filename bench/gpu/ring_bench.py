@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -24,6 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 import flashkv.torch as ft  # noqa: E402
 from flashkv.torch import distributed as fd  # noqa: E402
+from _bench_util import sample_seconds  # noqa: E402  (bench/gpu: the script's folder)
 
 
 DEV = "cuda"
@@ -134,24 +134,7 @@ def main():
 
 
 def _local_timed(fn, reps):
-    fn()
-    if DEV != "cuda":  # --smoke: wall clock on the CPU
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
+    return statistics.median(sample_seconds(fn, reps, warmup=1, device=DEV))  # --smoke: wall clock on the CPU
 
 
 if __name__ == "__main__":

@@ -24,31 +24,14 @@ import torch
 
 import flashkv
 import flashkv.torch as ft
+from _bench_util import sample_seconds  # bench/gpu: the script's folder
 
 
 DEV = "cuda"
 
 
 def timed(fn, reps, warmup=2):
-    for _ in range(warmup):
-        fn()
-    if DEV != "cuda":  # --smoke on the CPU: wall clock
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    return statistics.median(sample_seconds(fn, reps, warmup, device=DEV))  # --smoke on the CPU: wall clock
 
 
 def training_step(args):

@@ -20,6 +20,7 @@ import glob
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 ABI_VERSION = 1  # FLASHKV_ABI_VERSION this package was written against
 MAX_DIMS = 8  # FLASHKV_MAX_DIMS
@@ -185,6 +186,26 @@ def lib() -> ctypes.CDLL:
                     + ("; ".join(tried) if tried else "nothing")
                 )
     return _lib
+
+
+_declared_groups: set[str] = set()
+
+
+def declared(group: str, signatures: Callable[[], dict[str, list]], older_than: str | None = None) -> ctypes.CDLL:
+    """lib() with the entry points of one C header declared, once per `group`: signatures() maps each name to its
+    argtypes; every restype is int (a flashkv_status). A name the library lacks raises UnsupportedError ("a library
+    older than `older_than`; rebuild it ...") where `older_than` is given, else AttributeError (from ctypes)."""
+    handle = lib()
+    if group not in _declared_groups:
+        for name, args in signatures().items():
+            fn = getattr(handle, name, None) if older_than is not None else getattr(handle, name)
+            if fn is None:
+                raise UnsupportedError(f"flashkv: {library_path()} has no {name} (a library older than {older_than}); "
+                                       "rebuild it or point FLASHKV_LIBRARY at a newer one")
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        _declared_groups.add(group)
+    return handle
 
 
 def library_path() -> str:

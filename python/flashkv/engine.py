@@ -37,6 +37,8 @@ import numpy as np
 
 from . import _library as L
 from ._attention import _bool_arg, _float_arg, _int_arg
+from ._handle import OwnedHandle
+from .kvcache import _KV_FORMAT_FIELDS
 
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
@@ -48,12 +50,7 @@ class _EngineOptions(ctypes.Structure):
         ("struct_size", ctypes.c_uint32),
         ("tokenizer_path", ctypes.c_char_p),
         ("device", ctypes.c_char_p),
-        ("kv_cache_dtype", ctypes.c_char_p),
-        ("page_size", ctypes.c_int32),
-        ("residual_tokens", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int32),
-        ("rotation", ctypes.c_int32),
-        ("rotation_seed", ctypes.c_uint64),
+    ] + _KV_FORMAT_FIELDS + [
         ("kv_capacity_pages", ctypes.c_int64),
         ("max_sequences", ctypes.c_int32),
         ("max_context", ctypes.c_int32),
@@ -108,39 +105,29 @@ class EngineEvent(NamedTuple):
     stop: str | None
 
 
-_declared = False
+def _signatures() -> dict[str, list]:
+    H, P = ctypes.c_void_p, ctypes.POINTER
+    i32, i64, sz = ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
+    I32P, G, S = P(ctypes.c_int32), P(_GenerateOptions), P(_Stats)
+    return {
+        "flashkv_engine_options_default": [P(_EngineOptions)],
+        "flashkv_generate_options_default": [G],
+        "flashkv_engine_create": [ctypes.c_char_p, P(_EngineOptions), P(H)],
+        "flashkv_engine_destroy": [H],
+        "flashkv_engine_get_info": [H, P(_Info)],
+        "flashkv_engine_tokenize": [H, ctypes.c_char_p, sz, i32, I32P, i64, P(i64)],
+        "flashkv_engine_detokenize": [H, I32P, i64, ctypes.c_char_p, sz, P(sz)],
+        "flashkv_engine_generate": [H, I32P, i64, G, I32P, i64, P(i64), S],
+        "flashkv_engine_generate_text": [H, ctypes.c_char_p, sz, G, I32P, i64, P(i64), S],
+        "flashkv_engine_add": [H, I32P, i64, G, P(_Event)],
+        "flashkv_engine_step": [H, P(_Event), i32, P(i32)],
+        "flashkv_engine_retire": [H, i32],
+    }
 
 
 def _lib() -> ctypes.CDLL:
-    global _declared
-    lib = L.lib()
-    if not _declared:
-        H, P = ctypes.c_void_p, ctypes.POINTER
-        i32, i64, sz = ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
-        I32P, G, S = P(ctypes.c_int32), P(_GenerateOptions), P(_Stats)
-        sigs = {
-            "flashkv_engine_options_default": [P(_EngineOptions)],
-            "flashkv_generate_options_default": [G],
-            "flashkv_engine_create": [ctypes.c_char_p, P(_EngineOptions), P(H)],
-            "flashkv_engine_destroy": [H],
-            "flashkv_engine_get_info": [H, P(_Info)],
-            "flashkv_engine_tokenize": [H, ctypes.c_char_p, sz, i32, I32P, i64, P(i64)],
-            "flashkv_engine_detokenize": [H, I32P, i64, ctypes.c_char_p, sz, P(sz)],
-            "flashkv_engine_generate": [H, I32P, i64, G, I32P, i64, P(i64), S],
-            "flashkv_engine_generate_text": [H, ctypes.c_char_p, sz, G, I32P, i64, P(i64), S],
-            "flashkv_engine_add": [H, I32P, i64, G, P(_Event)],
-            "flashkv_engine_step": [H, P(_Event), i32, P(i32)],
-            "flashkv_engine_retire": [H, i32],
-        }
-        for name, args in sigs.items():
-            fn = getattr(lib, name, None)
-            if fn is None:
-                raise L.UnsupportedError(f"flashkv: {L.library_path()} has no {name} (a library older than the "
-                                         "engine C ABI); rebuild it or point FLASHKV_LIBRARY at a newer one")
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-        _declared = True
-    return lib
+    """libflashkv with the engine C ABI (flashkv_engine.h) declared; UnsupportedError for a library without it."""
+    return L.declared("engine", _signatures, older_than="the engine C ABI")
 
 
 def _path_arg(value: Any, name: str, optional: bool = False) -> str | None:
@@ -202,7 +189,7 @@ def _i32p(arr: np.ndarray):
     return arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
 
 
-class Engine:
+class Engine(OwnedHandle):
     """A model, its tokenizer and one generation engine with its KV cache. See the module docstring.
 
     model: a named model ("aidreams260k", "smollm2-135m") or a checkpoint path (llama2.c .bin or GGUF).
@@ -267,35 +254,22 @@ class Engine:
                                                           "num_heads_kv", "head_dim", "vocab_size")}
         self.last_stats: dict | None = None  # the last generate / generate_tokens call's numbers
 
-    # ---- lifetime --------------------------------------------------------------------------------------------------
+    # ---- lifetime (close / with / destructor: _handle.OwnedHandle) -------------------------------------------------
+    _kind = "Engine"
+
+    def _free(self, h: ctypes.c_void_p) -> None:
+        _lib().flashkv_engine_destroy(h)
+
     def close(self) -> None:
         """Frees the engine, model and KV cache (idempotent; waits for a call running in another thread); also called
         by the destructor and `with`."""
-        lock = getattr(self, "_lock", None)
-        with lock if lock is not None else contextlib.nullcontext():
-            if self._h is not None:
-                _lib().flashkv_engine_destroy(self._h)
-                self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        super().close()
 
     @contextlib.contextmanager
     def _use(self):
         """The open handle, with this engine's lock held (calls from several threads run one at a time)."""
         with self._lock:
-            if self._h is None:
-                raise ValueError("flashkv: argument 'self': expected an open Engine, got a closed one")
-            yield self._h
+            yield self._handle()
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"{self.kv_cache_dtype}, {self.device}"

@@ -29,9 +29,21 @@ import numpy as np
 
 from . import _library as L
 from ._attention import _bool_arg, _float_arg, _int_arg
+from ._handle import OwnedHandle
 from ._tensor import new_output, to_tensor
 
 _INT64_MAX = 2**63 - 1
+
+
+# The KV format's fields, in this order, in flashkv_kv_cache_config and in flashkv_engine_options (engine.py).
+_KV_FORMAT_FIELDS = [
+    ("kv_cache_dtype", ctypes.c_char_p),
+    ("page_size", ctypes.c_int32),
+    ("residual_tokens", ctypes.c_int32),
+    ("sink_tokens", ctypes.c_int32),
+    ("rotation", ctypes.c_int32),
+    ("rotation_seed", ctypes.c_uint64),
+]
 
 
 class _Config(ctypes.Structure):
@@ -40,12 +52,7 @@ class _Config(ctypes.Structure):
         ("num_layers", ctypes.c_int32),
         ("num_heads_kv", ctypes.c_int32),
         ("head_dim", ctypes.c_int32),
-        ("kv_cache_dtype", ctypes.c_char_p),
-        ("page_size", ctypes.c_int32),
-        ("residual_tokens", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int32),
-        ("rotation", ctypes.c_int32),
-        ("rotation_seed", ctypes.c_uint64),
+    ] + _KV_FORMAT_FIELDS + [
         ("k_scales", ctypes.POINTER(ctypes.c_float)),
         ("num_k_scales", ctypes.c_int32),
         ("v_scales", ctypes.POINTER(ctypes.c_float)),
@@ -83,39 +90,32 @@ class _Report(ctypes.Structure):
     ]
 
 
-_declared = False
+def _signatures() -> dict[str, list]:
+    T = ctypes.POINTER(L.Tensor)
+    C = ctypes.POINTER(_Config)
+    H = ctypes.c_void_p
+    i32, i64 = ctypes.c_int32, ctypes.c_int64
+    return {
+        "flashkv_kv_cache_config_default": [C],
+        "flashkv_kv_attention_options_default": [ctypes.POINTER(_AttnOptions)],
+        "flashkv_kv_cache_create": [C, ctypes.POINTER(H)],
+        "flashkv_kv_cache_free": [H],
+        "flashkv_kv_cache_to": [H, i32, i32, ctypes.POINTER(H)],
+        "flashkv_kv_cache_add_sequence": [H, i64],
+        "flashkv_kv_cache_remove_sequence": [H, i64],
+        "flashkv_kv_cache_seq_len": [H, i64, i32, ctypes.POINTER(i64)],
+        "flashkv_kv_cache_append": [H, i64, i32, T, T],
+        "flashkv_kv_cache_attention": [H, ctypes.POINTER(i64), i32, ctypes.POINTER(i32), i32, T, T, T,
+                                       ctypes.POINTER(_AttnOptions)],
+        "flashkv_kv_cache_memory_report": [H, ctypes.POINTER(_Report)],
+        "flashkv_kv_cache_dequantize": [H, i64, i32, T, T],
+        "flashkv_kv_memory_estimate": [C, i64, i64, ctypes.POINTER(_Report)],
+    }
 
 
 def _lib() -> ctypes.CDLL:
-    global _declared
-    lib = L.lib()
-    if not _declared:
-        T = ctypes.POINTER(L.Tensor)
-        C = ctypes.POINTER(_Config)
-        H = ctypes.c_void_p
-        i32, i64 = ctypes.c_int32, ctypes.c_int64
-        sigs = {
-            "flashkv_kv_cache_config_default": [C],
-            "flashkv_kv_attention_options_default": [ctypes.POINTER(_AttnOptions)],
-            "flashkv_kv_cache_create": [C, ctypes.POINTER(H)],
-            "flashkv_kv_cache_free": [H],
-            "flashkv_kv_cache_to": [H, i32, i32, ctypes.POINTER(H)],
-            "flashkv_kv_cache_add_sequence": [H, i64],
-            "flashkv_kv_cache_remove_sequence": [H, i64],
-            "flashkv_kv_cache_seq_len": [H, i64, i32, ctypes.POINTER(i64)],
-            "flashkv_kv_cache_append": [H, i64, i32, T, T],
-            "flashkv_kv_cache_attention": [H, ctypes.POINTER(i64), i32, ctypes.POINTER(i32), i32, T, T, T,
-                                           ctypes.POINTER(_AttnOptions)],
-            "flashkv_kv_cache_memory_report": [H, ctypes.POINTER(_Report)],
-            "flashkv_kv_cache_dequantize": [H, i64, i32, T, T],
-            "flashkv_kv_memory_estimate": [C, i64, i64, ctypes.POINTER(_Report)],
-        }
-        for name, args in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-        _declared = True
-    return lib
+    """libflashkv with the KV cache C ABI (flashkv_kvcache.h) declared."""
+    return L.declared("kvcache", _signatures)
 
 
 def _device(device: Any) -> tuple[int, int]:
@@ -191,7 +191,7 @@ def kv_memory_estimate(num_layers: int, num_heads_kv: int, head_dim: int, batch:
     return _report_dict(r)
 
 
-class KVCache:
+class KVCache(OwnedHandle):
     """A quantized paged KV cache. See the module docstring and include/flashkv/kvcache.hpp for the semantics.
 
     num_layers, num_heads_kv, head_dim: the model's shape (required). kv_cache_dtype: the format grammar of the
@@ -229,28 +229,15 @@ class KVCache:
         other.device = "cpu" if dev == 0 else f"cuda:{index}"
         return other
 
+    # ---- lifetime (close / with / destructor: _handle.OwnedHandle) -------------------------------------------------
+    _kind = "KVCache"
+
+    def _free(self, h: ctypes.c_void_p) -> None:
+        _lib().flashkv_kv_cache_free(h)
+
     def close(self) -> None:
         """Frees the cache (idempotent); also called by the destructor and `with`."""
-        if self._h is not None:
-            _lib().flashkv_kv_cache_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    def __enter__(self) -> "KVCache":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _handle(self) -> ctypes.c_void_p:
-        if self._h is None:
-            raise ValueError("flashkv: argument 'self': expected an open KVCache, got a closed one")
-        return self._h
+        super().close()
 
     def add_sequence(self, seq_id: int) -> None:
         """Registers sequence `seq_id` (any int64; its bf16 sink / residual buffers are allocated here)."""

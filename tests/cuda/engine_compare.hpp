@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/model_copy.hpp"
 #include "core/float16.hpp"
 #include "flashkv/engine.hpp"
 
@@ -37,40 +38,9 @@ inline std::vector<std::vector<float>> teacher_forced(Engine& e, const std::vect
 }
 
 /// A copy of `m` whose matrices (wq, wk, wv, wo, w1, w2, w3, classifier) are rounded to bf16, as the CUDA engine
-/// uploads them; the token embedding and the norms stay float32 (as on the GPU). `m` must outlive the copy only for
-/// its config; the copy owns its weights.
+/// uploads them; the token embedding and the norms stay float32 (as on the GPU). The copy owns its weights.
 inline Model bf16_weight_copy(const Model& m) {
-  Model b;
-  b.config = m.config;
-  b.path = m.path + " (bf16 weights)";
-  b.stop_tokens = m.stop_tokens;
-  b.bos_token = m.bos_token;
-  const ModelConfig& c = m.config;
-  auto keep = [&](const float* p, std::size_t n, bool round) {
-    std::unique_ptr<float[]> o(new float[n]);
-    for (std::size_t i = 0; i < n; ++i) o[i] = round ? bf16_to_float(float_to_bf16(p[i])) : p[i];
-    b.owned.push_back(std::move(o));
-    return b.owned.back().get();
-  };
-  const std::size_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(),
-                    Q = static_cast<std::size_t>(c.num_heads) * c.head_dim;
-  b.token_embedding = keep(m.token_embedding, V * D, false);
-  b.classifier = keep(m.classifier, V * D, true);
-  b.final_norm = keep(m.final_norm, D, false);
-  for (const LayerWeights& L : m.layers) {
-    LayerWeights o;
-    o.attn_norm = keep(L.attn_norm, D, false);
-    o.ffn_norm = keep(L.ffn_norm, D, false);
-    o.wq = keep(L.wq, Q * D, true);
-    o.wk = keep(L.wk, KV * D, true);
-    o.wv = keep(L.wv, KV * D, true);
-    o.wo = keep(L.wo, D * Q, true);
-    o.w1 = keep(L.w1, H * D, true);
-    o.w2 = keep(L.w2, D * H, true);
-    o.w3 = keep(L.w3, H * D, true);
-    b.layers.push_back(o);
-  }
-  return b;
+  return test::mapped_weight_copy(m, " (bf16 weights)", [](float x) { return bf16_to_float(float_to_bf16(x)); });
 }
 
 /// KL(p ‖ q) in nats of the softmaxes of two logit rows (float64).

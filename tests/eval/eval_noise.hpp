@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/model_copy.hpp"
 #include "../engine/random_model.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/perplexity.hpp"
@@ -91,39 +92,10 @@ inline bool all_ok(const std::vector<PairedMetric>& ms) {
 /// A copy of `m` (the copy owns its weights) whose matrices are multiplied by (1 + u), u uniform in [−rel, rel],
 /// seeded: weight noise of a chosen size, to emulate a device whose rounding error is larger than bf16's.
 inline Model perturbed_copy(const Model& m, double rel, uint64_t seed) {
-  Model b;
-  b.config = m.config;
-  b.path = m.path + " (perturbed)";
-  b.stop_tokens = m.stop_tokens;
-  b.bos_token = m.bos_token;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(-rel, rel);
-  const ModelConfig& c = m.config;
-  auto keep = [&](const float* p, std::size_t n, bool noise) {
-    std::unique_ptr<float[]> o(new float[n]);
-    for (std::size_t i = 0; i < n; ++i) o[i] = noise ? static_cast<float>(p[i] * (1.0 + u(rng))) : p[i];
-    b.owned.push_back(std::move(o));
-    return b.owned.back().get();
-  };
-  const std::size_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(),
-                    Q = static_cast<std::size_t>(c.num_heads) * c.head_dim;
-  b.token_embedding = keep(m.token_embedding, V * D, false);
-  b.classifier = keep(m.classifier, V * D, true);  // a separate matrix even when tied (as the GPU uploads it)
-  b.final_norm = keep(m.final_norm, D, false);
-  for (const LayerWeights& L : m.layers) {
-    LayerWeights o;
-    o.attn_norm = keep(L.attn_norm, D, false);
-    o.ffn_norm = keep(L.ffn_norm, D, false);
-    o.wq = keep(L.wq, Q * D, true);
-    o.wk = keep(L.wk, KV * D, true);
-    o.wv = keep(L.wv, KV * D, true);
-    o.wo = keep(L.wo, D * Q, true);
-    o.w1 = keep(L.w1, H * D, true);
-    o.w2 = keep(L.w2, D * H, true);
-    o.w3 = keep(L.w3, H * D, true);
-    b.layers.push_back(o);
-  }
-  return b;
+  return test::mapped_weight_copy(m, " (perturbed)",
+                                  [&](float x) { return static_cast<float>(x * (1.0 + u(rng))); });
 }
 
 /// `m` with its final norm weights scaled by `s` (the logits scale by s): the random test models' logits have a
