@@ -54,6 +54,12 @@ struct FwdParams {
   /// writes sets *nonfinite_flag = 1; the fix-up kernel launched after it on the same stream exits at once while the
   /// flag is 0. Null where the launcher does not track it (kernels that recompute such rows themselves).
   int32_t* nonfinite_flag = nullptr;
+  /// The forward's trigger (kernel/fwd_kernel.cuh, launch_fwd): a kernel without the in-kernel rare path raises
+  /// *nonfinite_epoch to at least nonfinite_gen (atomicMax) when its epilogue sees a non-finite value; the fix-up kernel
+  /// after it exits at once while *nonfinite_epoch < nonfinite_gen. The slot persists per device (no per-call
+  /// allocation or memset; util.hpp nonfinite_epoch), the generation grows per call.
+  unsigned long long* nonfinite_epoch = nullptr;
+  unsigned long long nonfinite_gen = 0;
   /// FP8 (float8_e4m3fn q/k/v) forward only: per (batch, kv head) dequantization scales; the scores are
   /// (q8 . k8) * q_descale * k_descale and out = (P v8) * v_descale / l.
   DescaleView q_descale, k_descale, v_descale;

@@ -51,6 +51,23 @@ class DeviceBuffer {
 /// Number of SMs of the current device (cached per device).
 int num_sms();
 
+/// The forward non-finite fix-up's trigger for one call on `stream` (kernel/fwd_kernel.cuh): the current device's
+/// persistent 64-bit slot (allocated and zeroed on the first call, never freed) and a generation larger than every one
+/// handed out before (process-wide). A kernel raises the slot to the generation with atomicMax, so that concurrent
+/// calls on other streams can only make a fix-up scan rows it did not need to (it recomputes only non-finite rows),
+/// never skip one. {nullptr, 0} while `stream` is being captured into a CUDA graph (a replay would repeat the
+/// generation): the caller then uses a stream-ordered zeroed flag inside the graph, as before.
+struct NonfiniteEpoch {
+  unsigned long long* slot = nullptr;
+  unsigned long long gen = 0;
+};
+NonfiniteEpoch nonfinite_epoch(cudaStream_t stream);
+
+/// True when the current device supports programmatic dependent launch (compute capability >= 9.0) and `stream` is not
+/// being captured: the fix-up kernels are then launched with cudaLaunchAttributeProgrammaticStreamSerialization, so
+/// that their launch overlaps the preceding kernel's tail (they wait with griddepcontrol.wait before reading anything).
+bool dependent_launch_ok(cudaStream_t stream);
+
 /// Largest dynamic shared memory one block may opt in to on the current device, in bytes (cached per device):
 /// 232448 on H100/H200, 166912 on A100, 101376 on sm_86/sm_89 (RTX 30xx/40xx, A10, L4, L40). The environment
 /// variable FLASHKV_CUDA_SMEM_LIMIT (bytes) lowers it (tests of the small-GPU tile configurations on a large GPU).

@@ -1,8 +1,9 @@
 // Layout helper kernels (see util.hpp).
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -95,6 +96,46 @@ int num_sms() {
   check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SMs)");
   if (dev < 64) cached[dev] = n;
   return n;
+}
+
+namespace {
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+}  // namespace
+
+NonfiniteEpoch nonfinite_epoch(cudaStream_t stream) {
+  static std::mutex mutex;
+  static unsigned long long* slots[64] = {};
+  static std::atomic<unsigned long long> next{1};
+  if (capturing(stream)) return {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev >= 64) return {};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (slots[dev] == nullptr) {
+      void* ptr = nullptr;
+      check_cuda(cudaMalloc(&ptr, sizeof(unsigned long long)), "cudaMalloc(non-finite epoch)");
+      check_cuda(cudaMemset(ptr, 0, sizeof(unsigned long long)), "cudaMemset(non-finite epoch)");
+      slots[dev] = static_cast<unsigned long long*>(ptr);
+    }
+  }
+  return {slots[dev], next.fetch_add(1, std::memory_order_relaxed)};
+}
+
+bool dependent_launch_ok(cudaStream_t stream) {
+  static int major[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev >= 64) return false;
+  if (major[dev] == 0) {
+    check_cuda(cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev),
+               "cudaDeviceGetAttribute(compute capability)");
+  }
+  return major[dev] >= 9 && !capturing(stream);
 }
 
 int max_smem_per_block() {

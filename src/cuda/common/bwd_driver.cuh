@@ -171,10 +171,9 @@ void run_bwd_with(const BwdParams& params, cudaStream_t stream, void (*plain)(Bw
     }
   }
   if (p.total_q > 0) {
-    attn::bwd_nonfinite_fixup_kernel<T, Cfg::kHeadDim>
-        <<<attn::fixup_blocks(p.total_q * p.num_heads + p.total_k * p.num_heads_kv), attn::kFixupThreads, 0, stream>>>(
-            p);
-    check_cuda(cudaGetLastError(), "bwd non-finite fix-up launch");
+    attn::launch_fixup(attn::bwd_nonfinite_fixup_kernel<T, Cfg::kHeadDim>,
+                       attn::fixup_blocks(p.total_q * p.num_heads + p.total_k * p.num_heads_kv), p, stream,
+                       "bwd non-finite fix-up launch");
   }
 }
 

@@ -201,10 +201,20 @@ __device__ void fix_dkdv_row(const BwdParams& p, int64_t r, int hk, int lane) {
 
 constexpr int kFixupThreads = 256;
 
+/// First statement of a fix-up kernel: with programmatic dependent launch (launch_fixup) the kernel may start before
+/// the one before it has finished; griddepcontrol.wait returns once that kernel has completed and its memory is
+/// visible. Without the launch attribute (or below sm_90) it returns at once.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /// Backward fix-up: one warp per dq row (packed row, head), then per dk/dv row (packed key row, KV head), grid-stride.
 /// Runs after the dq conversion and the GQA reduction; the workspaces (lse_log2, dsum) are still alive.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kFixupThreads) bwd_nonfinite_fixup_kernel(const BwdParams p) {
+  wait_for_previous_kernel();
   if (*p.nonfinite_flag == 0) return;
   const int lane = threadIdx.x % 32;
   const int64_t nq = p.total_q * p.num_heads, nk = p.total_k * p.num_heads_kv;
@@ -224,7 +234,8 @@ __global__ void __launch_bounds__(kFixupThreads) bwd_nonfinite_fixup_kernel(cons
 /// a row that holds a non-finite element is recomputed exactly (out and lse).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kFixupThreads) fwd_nonfinite_fixup_kernel(const FwdParams p) {
-  if (*p.nonfinite_flag == 0) return;
+  wait_for_previous_kernel();
+  if (*p.nonfinite_epoch < p.nonfinite_gen) return;
   constexpr int kPer = (kHeadDim + 31) / 32;
   const int lane = threadIdx.x % 32;
   const int64_t n = p.total_q * p.num_heads;
@@ -239,12 +250,29 @@ __global__ void __launch_bounds__(kFixupThreads) fwd_nonfinite_fixup_kernel(cons
   }
 }
 
-/// Grid of a fix-up launch over `items` warps of work: at most a few waves of blocks (each returns at once while the
-/// flag is clear).
+/// Grid of a fix-up launch over `items` warps of work: at most one block per SM (each returns at once while the flag
+/// is clear, so on the common path the launch costs its scheduling only; the rare path strides over the rows).
 inline unsigned fixup_blocks(int64_t items) {
   const int64_t need = (items + kFixupThreads / 32 - 1) / (kFixupThreads / 32);
-  const int64_t cap = static_cast<int64_t>(num_sms()) * 4;
+  const int64_t cap = static_cast<int64_t>(num_sms());
   return static_cast<unsigned>(need < cap ? (need > 0 ? need : 1) : cap);
+}
+
+/// Launches a fix-up kernel (kFixupThreads threads per block) on `stream`, with programmatic dependent launch where
+/// the device and stream allow it (util.hpp dependent_launch_ok): its launch then overlaps the previous kernel's tail.
+template <class P>
+void launch_fixup(void (*kernel)(P), unsigned blocks, const P& p, cudaStream_t stream, const char* what) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kFixupThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch_ok(stream) ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), what);
 }
 
 }  // namespace flashkv::cuda::attn

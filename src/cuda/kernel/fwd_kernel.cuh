@@ -47,15 +47,19 @@ __global__ void __launch_bounds__(Mainloop::kThreads, 1) fwd_kernel(const FwdPar
       if (flagged.any) fwd_recompute_rows<Mainloop, Epilogue, Scheduler>(p, flagged);
     } else {
       // No in-kernel rare path: flag the call for the fix-up kernel that launch_fwd runs after this one.
-      if (flagged.any && threadIdx.x % 32 == 0 && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 1;
+      if (flagged.any && threadIdx.x % 32 == 0 && p.nonfinite_epoch != nullptr) {
+        atomicMax(p.nonfinite_epoch, p.nonfinite_gen);
+      }
     }
   }
 }
 
 /// Host side: launches fwd_kernel<Mainloop<kSoftcap>, ...> for p.softcap, with Config's shared memory and grid. A
-/// mainloop without the in-kernel rare path (kExactNonFiniteRows false) gets a flag (zeroed here) and the fix-up
-/// kernel after it (common/nonfinite_fixup.cuh): one memset and one launch that returns at once while no row of the
-/// call's out holds a non-finite value.
+/// mainloop without the in-kernel rare path (kExactNonFiniteRows false) gets the device's persistent epoch slot and a
+/// fresh generation (util.hpp nonfinite_epoch: no allocation or memset per call) and the fix-up kernel after it
+/// (common/nonfinite_fixup.cuh): one launch, dependent-launched on sm_90+, that returns at once while no row of the
+/// call's out holds a non-finite value. While the stream is being captured into a graph, a zeroed stream-ordered flag
+/// and generation 1 take the slot's place (a replay repeats its parameters).
 template <class Config, class MainloopPlain, class MainloopSoftcap, class Scheduler>
 void launch_fwd(const FwdParams& p, cudaStream_t stream, const char* family) {
   static_assert(MainloopPlain::kExactNonFiniteRows == MainloopSoftcap::kExactNonFiniteRows);
@@ -69,15 +73,19 @@ void launch_fwd(const FwdParams& p, cudaStream_t stream, const char* family) {
     kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
     check_cuda(cudaGetLastError(), family);
   } else {
-    DeviceBuffer flag(sizeof(int32_t), stream);  // stream-ordered: freed after the fix-up has run
-    check_cuda(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), stream), "cudaMemsetAsync(non-finite flag)");
+    const NonfiniteEpoch epoch = nonfinite_epoch(stream);
+    DeviceBuffer flag(epoch.slot == nullptr ? sizeof(unsigned long long) : 0, stream);  // graph capture only
     FwdParams pf = p;
-    pf.nonfinite_flag = flag.as<int32_t>();
+    if (epoch.slot != nullptr) {
+      pf.nonfinite_epoch = epoch.slot, pf.nonfinite_gen = epoch.gen;
+    } else {
+      check_cuda(cudaMemsetAsync(flag.get(), 0, sizeof(unsigned long long), stream), "cudaMemsetAsync(non-finite flag)");
+      pf.nonfinite_epoch = flag.as<unsigned long long>(), pf.nonfinite_gen = 1;
+    }
     kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(pf);
     check_cuda(cudaGetLastError(), family);
-    attn::fwd_nonfinite_fixup_kernel<typename MainloopPlain::Element, Config::kHeadDim>
-        <<<attn::fixup_blocks(pf.total_q * pf.num_heads), attn::kFixupThreads, 0, stream>>>(pf);
-    check_cuda(cudaGetLastError(), "fwd non-finite fix-up launch");
+    attn::launch_fixup(attn::fwd_nonfinite_fixup_kernel<typename MainloopPlain::Element, Config::kHeadDim>,
+                       attn::fixup_blocks(pf.total_q * pf.num_heads), pf, stream, "fwd non-finite fix-up launch");
   }
 }
 
