@@ -150,10 +150,13 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     }
     const kv::KVHalfFormat& f = p.kv.format[half];
     // one MMA k-slice per group (checked before the metadata size, which follows from the group)
-    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0)) {
+    // the smallest group whose metadata the decode stages (32 channels at head_dim >= 32: quant_meta_max)
+    const int64_t min_group = p.head_dim / (quant_meta_max(kv::KVScaling::token_affine, p.head_dim) / 4);
+    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0 || f.group < min_group)) {
       throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
                              "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
-                             "per group), got groups of " + str(f.group) +
+                             "per group), of at least " + str(min_group) +
+                             " channels (the staged metadata), got groups of " + str(f.group) +
                              " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
     }
     if (!raw16 && f.meta_bytes_per_unit > 0 &&

@@ -15,9 +15,11 @@ namespace flashkv::cuda {
 struct TensorStrides;
 
 /// Metadata bytes per token the quantized decode stages for scaling `s` at head dim `d` (token_affine: channel groups
-/// of >= 16); a format needing more is rejected by the plan.
+/// of >= 32 channels, the smallest the kv_cache_dtype grammar offers: sized so that int8 at head_dim 128 fits 3 CTAs
+/// per SM); a format needing more is rejected by the plan.
 FLASHKV_HD constexpr int quant_meta_max(kv::KVScaling s, int64_t d) {
-  return s == kv::KVScaling::token_f32 ? 4 : (s == kv::KVScaling::token_affine ? static_cast<int>(d / 16 * 4) : 0);
+  return s == kv::KVScaling::token_f32 ? 4
+                                       : (s == kv::KVScaling::token_affine ? static_cast<int>((d >= 32 ? d / 32 : 1) * 4) : 0);
 }
 
 struct DecodeParams {

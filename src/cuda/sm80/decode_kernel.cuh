@@ -215,8 +215,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
   // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
   // rewrites the V tile, so the V fragments could not be loaded before it) is in that loop.
-  auto mainloop = [&](auto guarded) {
+  // Affine packed pages are compiled once more for channel groups of the whole head (the formats' default: int8 /
+  // int4 without _gN): one fold per block and half at compile time instead of a uniform branch per 16-channel slice.
+  auto mainloop = [&](auto guarded, auto whole_groups) {
     constexpr bool kGuard = !kFolded && decltype(guarded)::value;
+    constexpr bool kWhole = decltype(whole_groups)::value;
     for (int it = 0; nb_begin + it < nb_end; ++it) {
       const int nb = nb_begin + it;
       cp_async_wait<kStages - 2>();
@@ -242,7 +245,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         // affine keys: the MMAs accumulate one channel group at a time (acc), the fold's hook adds it to s
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
         float(&qk)[2][4] = kKAffine ? acc : s;
-        const int kgroup = Fold::group(src, 0);
+        const int kgroup = kWhole ? kHeadDim : Fold::group(src, 0);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
           uint32_t bk[4];
@@ -260,7 +263,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
       float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // token-scaled values: each key's factor
       float vratio = 1.f;                         // kVNormalize: o's extra rescale for this block
-      Fold::v_factors(src, stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale, vratio);
+      Fold::v_factors(src, kWhole ? kHeadDim : Fold::group(src, 1), stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale,
+                      vratio);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -340,7 +344,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       // P (the A operand) for every 16-column slice of V, or per channel group (affine V: the fold's hook)
       uint32_t a[4];
       Fold::p_operand(s, vf, a);
-      const int vgroup = Fold::group(src, 1);
+      const int vgroup = kWhole ? kHeadDim : Fold::group(src, 1);
       const float vinv = kVAffine ? 1.f / vscale : 1.f;  // a power of two (1 unless kVNormalize)
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
@@ -352,11 +356,17 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
     }
   };
-  if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
-                                         min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-    mainloop(std::false_type{});
+  if constexpr (kKAffine || kVAffine) {
+    if (Fold::whole_groups(src)) {
+      mainloop(std::false_type{}, std::true_type{});
+    } else {
+      mainloop(std::false_type{}, std::false_type{});
+    }
+  } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
+                                                min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
+    mainloop(std::false_type{}, std::false_type{});
   } else {
-    mainloop(std::true_type{});
+    mainloop(std::true_type{}, std::false_type{});
   }
   Fold::finish(src, vscale, pmin, o);
   cp_async_wait<0>();

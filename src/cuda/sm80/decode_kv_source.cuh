@@ -190,8 +190,8 @@ struct KvQuantSource {
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
   /// The CTA's shared memory (sm80::DecodeConfig, 3 stages; checked there): 3 CTAs per SM where 3 of them fit the
-  /// H100 / H200's 228 KB (with 1 KB reserved each): fp8 and int4 at head_dim 128, not int8 (its staged metadata is
-  /// sized for 16-channel groups).
+  /// H100 / H200's 228 KB (with 1 KB reserved each): fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its staged
+  /// metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped registers).
   static constexpr int kSmemBytes =
       attn::SmemTile<16, kHeadDim>::kBytes + (3 * kStageBytes + kConvBytes > 4 * 16 * (kHeadDim + 2) * 4
                                                   ? 3 * kStageBytes + kConvBytes
@@ -228,7 +228,8 @@ struct KvQuantSource {
   /// Issues the cp.async copies of keys [j0, j0 + kBlockN) — codes of both halves, then their metadata — into the
   /// stage at `dst`. Code slots past seqlen_k are zero-filled, never read (j0 < seqlen_k for every block the kernel
   /// visits, so their page lookup is clamped to the last key): their images are finite constants whose weight is
-  /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is not copied.
+  /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is zero-filled
+  /// (one page lookup per row serves its codes and metadata, K and V).
   template <class Locate>
   __device__ __forceinline__ void load(const DecodeParams&, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
@@ -247,6 +248,10 @@ struct KvQuantSource {
       constexpr int kStep = kDecodeThreads / kChunksK;
       const int ch = tid % kChunksK, rt = tid / kChunksK;
       static_assert(kDecodeBlockN % kStep == 0, "whole rows per pass");
+      // the metadata words of the same rows with the same page lookup: thread ch copies words ch, ch + kChunksK, ..
+      // of each of its rows (words per token: 1 for token_f32, head_dim / group for token_affine, at most kWords*)
+      const int mb_k = fmt[0].meta_bytes_per_unit, mb_v = fmt[1].meta_bytes_per_unit;
+      const uint32_t mdst_k = dst + kCodeBlockK, mdst_v = dst + kHalfBytesK + kCodeBlockV;
 #pragma unroll
       for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
         // branch-free: a slot past the end is zero-filled and not read (its page looked up at the last key: j0 <
@@ -258,6 +263,10 @@ struct KvQuantSource {
         locate(ok ? j : seqlen_k - 1, page, slot);
         attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
         attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
+        meta_words<KS, kChunksK>(mdst_k + r * mb_k, meta[0] + page * meta_page_stride[0] + static_cast<int64_t>(slot) * mb_k,
+                                 mb_k / 4, ch, ok);
+        meta_words<VS, kChunksK>(mdst_v + r * mb_v, meta[1] + page * meta_page_stride[1] + static_cast<int64_t>(slot) * mb_v,
+                                 mb_v / 4, ch, ok);
       }
     } else {
 #pragma unroll
@@ -266,9 +275,21 @@ struct KvQuantSource {
         const int cb = half == 0 ? kCodeBytesK : kCodeBytesV, chunks = cb / 16;
         for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) copy_row(half, hdst, cb, i / chunks, i % chunks);
       }
+      copy_meta<0>(dst + kCodeBlockK, j0, seqlen_k, locate);
+      copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
     }
-    copy_meta<0>(dst + kCodeBlockK, j0, seqlen_k, locate);
-    copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
+  }
+  /// Words w = ch, ch + kChunks, .. < words of one token's metadata row (src: its first byte; dst: its staged row),
+  /// zero-filled where !ok (a slot past the end: within its own staged row). Nothing for head_static; the page
+  /// format's metadata is one unit per token (tokens_per_unit 1, checked by the plan).
+  template <kv::KVScaling kS, int kChunks>
+  __device__ __forceinline__ static void meta_words(uint32_t dst, const uint8_t* src, int words, int ch, bool ok) {
+    constexpr int kWords = quant_meta_max(kS, kHeadDim) / 4;
+#pragma unroll
+    for (int i = 0; i < (kWords + kChunks - 1) / kChunks; ++i) {
+      const int w = ch + i * kChunks;
+      if (kS == kv::KVScaling::token_f32 ? w == 0 : w < words) attn::cp_async_4(dst + 4 * w, src + 4 * w, ok);
+    }
   }
   /// The metadata of keys [j0, j0 + kBlockN) of half `half` into `mdst` (rows of meta_bytes_per_unit; K's words from
   /// thread 0, V's from thread 64: one word per token each is one copy per thread).
