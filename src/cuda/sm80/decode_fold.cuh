@@ -168,12 +168,18 @@ struct DecodeFold {
       const uint32_t ex = __float_as_uint(mx) & 0x7f800000u;  // 2^floor(log2 mx); keep vscale for 0 / subnormal
       if (ex != 0u && ex != 0x7f800000u) {
         const float nv = __uint_as_float(ex);
-        vratio = vscale / nv;  // powers of two: exact
+        // vscale / nv without a division: 2^(a − b) = (2^a · 0.5) · 2^(1 − b), both factors exact (2^(1 − b) is normal
+        // for every normal nv = 2^b; 2^a · 0.5 at worst the exact subnormal 2^−127), one rounding: the quotient's value
+        vratio = (vscale * 0.5f) * __uint_as_float(0x7f800000u - ex);
         vscale = nv;
         const float inv = __uint_as_float(0x7f000000u - ex);  // 1 / nv
         if constexpr (kVToken) vf[0][0] *= inv, vf[0][1] *= inv, vf[1][0] *= inv, vf[1][1] *= inv;
       }
     }
+  }
+  /// 1 / v for a power of two v (normal): (0.5 · 2^(1 − b)), exact, no division.
+  __device__ __forceinline__ static float inv_pow2(float v) {
+    return __uint_as_float(0x7f800000u - (__float_as_uint(v) & 0x7f800000u)) * 0.5f;
   }
   /// o's rescale of row hh by `corr` also applies to the P · min' sums.
   __device__ __forceinline__ static void rescale(PMin& pmin, int hh, float corr) {

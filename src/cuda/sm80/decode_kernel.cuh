@@ -345,7 +345,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       uint32_t a[4];
       Fold::p_operand(s, vf, a);
       const int vgroup = kWhole ? kHeadDim : Fold::group(src, 1);
-      const float vinv = kVAffine ? 1.f / vscale : 1.f;  // a power of two (1 unless kVNormalize)
+      const float vinv = kVAffine ? Fold::inv_pow2(vscale) : 1.f;  // vscale: a power of two (1 unless kVNormalize)
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
         Fold::v_slice(src, dt2, vgroup, vinv, stage_addr, rk, nb * kBlockN, seqlen_k, s, pmin, a);

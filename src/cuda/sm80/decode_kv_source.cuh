@@ -263,9 +263,9 @@ struct KvQuantSource {
         locate(ok ? j : seqlen_k - 1, page, slot);
         attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
         attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
-        meta_words<KS, kChunksK>(mdst_k + r * mb_k, meta[0] + page * meta_page_stride[0] + static_cast<int64_t>(slot) * mb_k,
+        meta_words<KS, kChunksK>(mdst_k + r * mb_k, meta[0] + page_slot_offset(page, slot, meta_page_stride[0], mb_k),
                                  mb_k / 4, ch, ok);
-        meta_words<VS, kChunksK>(mdst_v + r * mb_v, meta[1] + page * meta_page_stride[1] + static_cast<int64_t>(slot) * mb_v,
+        meta_words<VS, kChunksK>(mdst_v + r * mb_v, meta[1] + page_slot_offset(page, slot, meta_page_stride[1], mb_v),
                                  mb_v / 4, ch, ok);
       }
     } else {
