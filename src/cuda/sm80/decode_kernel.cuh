@@ -49,7 +49,7 @@ struct DecodeConfig {
   static constexpr int kNWarps = 4;
   static constexpr int kThreads = kNWarps * 32;
   static_assert(kThreads == kDecodeThreads, "the KV sources assume 128 threads");
-  static constexpr int kStages = 3;
+  static constexpr int kStages = Src::kStages;  ///< K/V ring depth (the source's: packed stages are small)
   using TileQ = SmemTile<16, kHeadDim>;
   using TileKV = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kStageBytes = Src::kStageBytes;

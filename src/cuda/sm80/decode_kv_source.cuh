@@ -50,6 +50,7 @@ struct Kv16Source {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
   using TV = T;  ///< element type of the V tile and of P in the P·V MMA
   static constexpr int kStageBytes = 2 * TileKV::kBytes;
+  static constexpr int kStages = 3;  ///< cp.async ring depth (2 CTAs per SM at head_dim 128: 4 blocks of 32 KB in flight)
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
@@ -158,6 +159,24 @@ __device__ __forceinline__ void dequant8(const kv::KVHalfFormat& f, const uint8_
   }
 }
 
+/// Shared memory of a quantized decode CTA (sm80::DecodeConfig's layout): Q tile | stages x stage | conversion tile,
+/// or the warp merge's scratch where larger.
+__host__ __device__ constexpr int quant_smem_bytes(int head_dim, int stage_bytes, int conv_bytes, int stages) {
+  return 16 * ((head_dim / 8 + 7) / 8 * 8) * 16 /* the Q tile: SmemTile<16, head_dim>::kBytes */ + (stages * stage_bytes + conv_bytes > 4 * 16 * (head_dim + 2) * 4
+                                  ? stages * stage_bytes + conv_bytes
+                                  : 4 * 16 * (head_dim + 2) * 4);
+}
+/// 3 such CTAs fit an H100 / H200 SM's 228 KB (1 KB reserved per CTA).
+__host__ __device__ constexpr bool quant_fits3(int head_dim, int stage_bytes, int conv_bytes, int stages) {
+  return 3 * (quant_smem_bytes(head_dim, stage_bytes, conv_bytes, stages) + 1024) <= 228 * 1024;
+}
+/// The deepest ring (3 .. max_stages) with which 3 CTAs fit.
+__host__ __device__ constexpr int quant_deepest3(int head_dim, int stage_bytes, int conv_bytes, int max_stages) {
+  int n = 3;
+  while (n < max_stages && quant_fits3(head_dim, stage_bytes, conv_bytes, n + 1)) ++n;
+  return n;
+}
+
 template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
 struct KvQuantSource {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
@@ -189,14 +208,15 @@ struct KvQuantSource {
       std::is_same_v<T, __half> && (VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine);
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
-  /// The CTA's shared memory (sm80::DecodeConfig, 3 stages; checked there): 3 CTAs per SM where 3 of them fit the
-  /// H100 / H200's 228 KB (with 1 KB reserved each): fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its staged
-  /// metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped registers).
-  static constexpr int kSmemBytes =
-      attn::SmemTile<16, kHeadDim>::kBytes + (3 * kStageBytes + kConvBytes > 4 * 16 * (kHeadDim + 2) * 4
-                                                  ? 3 * kStageBytes + kConvBytes
-                                                  : 4 * 16 * (kHeadDim + 2) * 4);
-  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && 3 * (kSmemBytes + 1024) <= 228 * 1024 ? 3 : 1;
+  /// The CTA's shared memory (sm80::DecodeConfig; checked there): 3 CTAs per SM where 3 of them fit the H100 / H200's
+  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its
+  /// staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped
+  /// registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is 2–4x smaller
+  /// than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4 60 KB, fp8 96 KB)
+  /// fall short of the 16-bit decode's (2 x 2 x 32 KB) — int4 at head_dim 128 gets 5 stages (120 KB in flight).
+  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && quant_fits3(kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1;
+  static constexpr int kStages = kMinCtasPerSm != 3 ? 3 : quant_deepest3(kHeadDim, kStageBytes, kConvBytes, 6);
+  static constexpr int kSmemBytes = quant_smem_bytes(kHeadDim, kStageBytes, kConvBytes, kStages);
   /// Affine sources under the cap reload the Q fragments from shared memory per block (registers).
   static constexpr bool kReloadQ =
       (KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine) && kMinCtasPerSm > 1;
