@@ -5,7 +5,7 @@
 // CTA per (split, kv head x 16-row query tile, batch); the query rows of all query heads that share one kv head are
 // packed into the 16-row mma tile (PackGQA), so each K/V byte is read once per kv head. Inside a CTA the 4 warps
 // split every 64-token K/V tile 4 ways (16 tokens each, own running max/sum/accumulator) and are merged at the end;
-// K/V tiles stream through a 3-stage cp.async ring. Each split writes a normalized partial output and its lse
+// K/V tiles stream through a cp.async ring (3 stages; the KV source's Src::kStages). Each split writes a normalized partial output and its lse
 // (float32); decode_combine_kernel merges them. With num_splits == 1 the CTA writes the final output directly.
 //
 // Pages: the one page layout of kvcache/page_layout.hpp (a PagedKVCache layer, or a [num_pages, page_size, Hk, d]
