@@ -36,6 +36,7 @@
 namespace flashkv::cuda::sm80 {
 
 inline constexpr int kDecodeBlockN = 64;    ///< tokens per pipeline stage (16 per warp)
+inline constexpr int kLog2BlockN = 6;       ///< log2(kDecodeBlockN)
 inline constexpr int kDecodeThreads = 128;  ///< 4 warps
 
 /// Byte offset of row (page, slot) of one half for its page / slot strides in bytes (page, slot >= 0: two 32 x 64-bit
@@ -226,6 +227,9 @@ struct KvQuantSource {
   kv::KVHalfFormat fmt[2];
   float head_scale[2];
   int64_t page_stride[2], slot_stride[2], meta_page_stride[2];
+  /// every 64-token block lies in one page: pages of >= 64 slots (blocks are 64-aligned), or a contiguous cache of a
+  /// whole number of blocks
+  bool one_page_blocks;
 
   __device__ __forceinline__ KvQuantSource(const DecodeParams& p, int hk) {
     codes[0] = static_cast<const uint8_t*>(p.k_cache) + hk * p.k_head;
@@ -239,6 +243,7 @@ struct KvQuantSource {
     page_stride[0] = p.k_page, page_stride[1] = p.v_page;
     slot_stride[0] = p.k_row, slot_stride[1] = p.v_row;
     meta_page_stride[0] = p.k_meta_page, meta_page_stride[1] = p.v_meta_page;
+    one_page_blocks = p.page_table != nullptr ? p.page_size_log2 >= kLog2BlockN : p.capacity % kDecodeBlockN == 0;
   }
 
   /// Byte offset of (page, slot) in half `half`.
@@ -251,7 +256,7 @@ struct KvQuantSource {
   /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is zero-filled
   /// (one page lookup per row serves its codes and metadata, K and V).
   template <class Locate>
-  __device__ __forceinline__ void load(const DecodeParams&, uint32_t dst, int j0, int seqlen_k,
+  __device__ __forceinline__ void load(const DecodeParams& p, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
     constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
     const int tid = threadIdx.x;
@@ -272,6 +277,30 @@ struct KvQuantSource {
       // of each of its rows (words per token: 1 for token_f32, head_dim / group for token_affine, at most kWords*)
       const int mb_k = fmt[0].meta_bytes_per_unit, mb_v = fmt[1].meta_bytes_per_unit;
       const uint32_t mdst_k = dst + kCodeBlockK, mdst_v = dst + kHalfBytesK + kCodeBlockV;
+      if (one_page_blocks) {
+        // the block's 64 slots lie in one page (pages of >= 64 slots and 64-aligned blocks; or a contiguous cache of a
+        // whole number of blocks): one page lookup for the block, the rows at constant strides from it. Every row's
+        // address is inside that page (or the sequence's rows); a row past the end copies nothing (zero-fill).
+        int64_t page;
+        int slot0;
+        locate(j0, page, slot0);
+        const uint8_t* kp = codes[0] + row_offset(0, page, slot0 + rt) + ch * 16;
+        const uint8_t* vp = codes[1] + row_offset(1, page, slot0 + rt) + ch * 16;
+        const uint8_t* mkp = meta[0] + page_slot_offset(page, slot0 + rt, meta_page_stride[0], mb_k);
+        const uint8_t* mvp = meta[1] + page_slot_offset(page, slot0 + rt, meta_page_stride[1], mb_v);
+        const int64_t kstep = kStep * slot_stride[0], vstep = kStep * slot_stride[1];
+#pragma unroll
+        for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
+          const int r = rt + k * kStep;
+          const bool ok = j0 + r < seqlen_k;
+          attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, kp, ok);
+          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, vp, ok);
+          meta_words<KS, kChunksK>(mdst_k + r * mb_k, mkp, mb_k / 4, ch, ok);
+          meta_words<VS, kChunksK>(mdst_v + r * mb_v, mvp, mb_v / 4, ch, ok);
+          kp += kstep, vp += vstep, mkp += kStep * mb_k, mvp += kStep * mb_v;
+        }
+        return;
+      }
 #pragma unroll
       for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
         // branch-free: a slot past the end is zero-filled and not read (its page looked up at the last key: j0 <
