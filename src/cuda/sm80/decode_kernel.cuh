@@ -265,17 +265,38 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       float vratio = 1.f;                         // kVNormalize: o's extra rescale for this block
       Fold::v_factors(src, kWhole ? kHeadDim : Fold::group(src, 1), stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale,
                       vratio);
+      if constexpr (kFolded) {
+        // the per-key selects only where this thread's rows may not see all of the warp's 16 keys (the last block of
+        // a decode step, masked rows): the same scores, without 16 compare-selects per block elsewhere
+        if (p.softcap) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+          for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e];
-          if (p.softcap) x = tanh_approx(x * p.score_scale);
-          const int j = jw0 + nt * 8 + 2 * t + (e & 1);
-          const int hh = e >> 1;
-          if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
-          s[nt][e] = x;
+            for (int e = 0; e < 4; ++e) s[nt][e] = tanh_approx(s[nt][e] * p.score_scale);
         }
+        if (jw0 < max(jlo[0], jlo[1]) || jw0 + 16 > min(jhi[0], jhi[1])) {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+              const int hh = e >> 1;
+              if (j < jlo[hh] || j >= jhi[hh]) s[nt][e] = -INFINITY;  // a select: masked keys are exactly absent
+            }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[nt][e];
+            if (p.softcap) x = tanh_approx(x * p.score_scale);
+            const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+            const int hh = e >> 1;
+            if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
+            s[nt][e] = x;
+          }
+      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
