@@ -215,8 +215,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
   // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
   // rewrites the V tile, so the V fragments could not be loaded before it) is in that loop.
-  // Affine packed pages are compiled once more for channel groups of the whole head (the formats' default: int8 /
-  // int4 without _gN): one fold per block and half at compile time instead of a uniform branch per 16-channel slice.
+  // Affine packed pages (head_dim <= 128) are compiled once more for channel groups of the whole head (the formats'
+  // default: int8 / int4 without _gN): one fold per block and half at compile time instead of a uniform branch per
+  // 16-channel slice.
   auto mainloop = [&](auto guarded, auto whole_groups) {
     constexpr bool kGuard = !kFolded && decltype(guarded)::value;
     constexpr bool kWhole = decltype(whole_groups)::value;
@@ -377,7 +378,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
     }
   };
-  if constexpr (kKAffine || kVAffine) {
+  if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)
     if (Fold::whole_groups(src)) {
       mainloop(std::false_type{}, std::true_type{});
     } else {
