@@ -64,6 +64,11 @@ struct DecodeParams {
   kv::KVHalfFormat k_format, v_format;
   const float* k_head_scales = nullptr;
   const float* v_head_scales = nullptr;
+  /// Quantized pages in pages of >= 64 slots: while a CTA's cp.async ring loads block nb + stages − 1, it prefetches
+  /// block nb + stages − 1 + l2_prefetch_blocks into L2 (prefetch.global.L2 of its code and metadata lines; a hint:
+  /// no data moves to the SM, nothing past the sequence's end is touched). 0: off; the plan sets 2, or
+  /// FLASHKV_DECODE_L2_PREFETCH=N (decode_l2_prefetch_blocks).
+  int32_t l2_prefetch_blocks = 0;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
   /// Plan-time query: when set, the launcher writes the instantiation's resident CTAs per SM on the current device

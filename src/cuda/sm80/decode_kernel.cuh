@@ -376,6 +376,12 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
         mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
+      if constexpr (kFolded) {
+        // packed pages: the block l2_prefetch_blocks past the ring's newest into L2 (at the block's end: the page-table
+        // read it waits for does not delay this block's work)
+        const int nbp = nb + kStages - 1 + p.l2_prefetch_blocks;
+        if (p.l2_prefetch_blocks > 0 && nbp < nb_end) src.prefetch_l2(nbp * kBlockN, seqlen_k, locate);
+      }
     }
   };
   if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)

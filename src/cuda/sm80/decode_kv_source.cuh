@@ -328,6 +328,37 @@ struct KvQuantSource {
       copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
     }
   }
+  /// L2 prefetch of keys [j0, j0 + kBlockN) (j0 < seqlen_k) where the block lies in one page: thread i < 64 the K
+  /// code row i, thread 64 + i the V one (their 128-byte lines), rows past seqlen_k skipped; the metadata lines of the
+  /// block by the first threads of each half. Pages of < 64 slots: nothing (a row-wise page lookup would stall the warp).
+  template <class Locate>
+  __device__ __forceinline__ void prefetch_l2(int j0, int seqlen_k, Locate&& locate) const {
+    if (!one_page_blocks) return;
+    // (halves chosen by selects, not by indexing the member arrays with a run-time index: that would put the source
+    // in local memory)
+    const int tid = threadIdx.x, r = tid % kDecodeBlockN;
+    const bool v = tid >= kDecodeBlockN;
+    int64_t page;
+    int slot0;
+    locate(j0, page, slot0);
+    if (j0 + r < seqlen_k) {
+      const uint8_t* row = (v ? codes[1] : codes[0]) +
+                           page_slot_offset(page, slot0 + r, v ? page_stride[1] : page_stride[0], v ? slot_stride[1] : slot_stride[0]);
+      constexpr int kRowBytes = kCodeBytesK > kCodeBytesV ? kCodeBytesK : kCodeBytesV;
+#pragma unroll
+      for (int c = 0; c < kRowBytes; c += 128)
+        if (c < (v ? kCodeBytesV : kCodeBytesK)) attn::prefetch_l2(row + c);
+    }
+    constexpr bool kMetaK = KS == kv::KVScaling::token_f32 || KS == kv::KVScaling::token_affine;
+    constexpr bool kMetaV = VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine;
+    if (v ? kMetaV : kMetaK) {
+      const int mb = v ? fmt[1].meta_bytes_per_unit : fmt[0].meta_bytes_per_unit;
+      const int n = min(kDecodeBlockN, seqlen_k - j0);  // tokens of the block
+      if (r * 128 < n * mb)
+        attn::prefetch_l2((v ? meta[1] : meta[0]) +
+                          page_slot_offset(page, slot0, v ? meta_page_stride[1] : meta_page_stride[0], mb) + r * 128);
+    }
+  }
   /// Words w = ch, ch + kChunks, .. < words of one token's metadata row (src: its first byte; dst: its staged row),
   /// zero-filled where !ok (a slot past the end: within its own staged row). Nothing for head_static; the page
   /// format's metadata is one unit per token (tokens_per_unit 1, checked by the plan).
