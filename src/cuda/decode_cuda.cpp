@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -150,10 +151,13 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     }
     const kv::KVHalfFormat& f = p.kv.format[half];
     // one MMA k-slice per group (checked before the metadata size, which follows from the group)
-    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0)) {
+    // the smallest group whose metadata the decode stages (32 channels at head_dim >= 32: quant_meta_max)
+    const int64_t min_group = p.head_dim / (quant_meta_max(kv::KVScaling::token_affine, p.head_dim) / 4);
+    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0 || f.group < min_group)) {
       throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
                              "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
-                             "per group), got groups of " + str(f.group) +
+                             "per group), of at least " + str(min_group) +
+                             " channels (the staged metadata), got groups of " + str(f.group) +
                              " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
     }
     if (!raw16 && f.meta_bytes_per_unit > 0 &&
@@ -288,6 +292,8 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   d.num_heads = static_cast<int32_t>(p.num_heads), d.num_heads_kv = static_cast<int32_t>(p.num_heads_kv);
   d.head_dim = static_cast<int32_t>(p.head_dim);
   d.num_splits = num_splits_;
+  // packed pages: more bytes in flight than the shared-memory ring holds (decode_params.hpp)
+  d.l2_prefetch_blocks = qe_ != nullptr ? decode_l2_prefetch_blocks() : 0;
   d.rows_per_kv_head = static_cast<int32_t>(p.max_seqlen_q * p.group_size());
   d.causal = p.causal;
   d.window_left = p.window_size_left;
@@ -452,6 +458,22 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
                          (compiled.empty() ? std::string("none") : compiled) +
                          "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI, windows and rotation "
                          "have no CUDA decode yet)");
+}
+
+int32_t decode_l2_prefetch_blocks() {
+  // read once; FLASHKV_DECODE_L2_PREFETCH=N (0..16 blocks, 0 = off) is a tuning knob of the packed-page decode
+  static const int32_t blocks = [] {
+    const char* e = std::getenv("FLASHKV_DECODE_L2_PREFETCH");
+    if (e == nullptr) return int32_t{2};
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end == e || *end != '\0' || v < 0 || v > 16) {
+      throw Error("FLASHKV_DECODE_L2_PREFETCH", "an integer in [0, 16] (key blocks prefetched into L2 ahead of the "
+                  "quantized decode's cp.async ring; 0 = off)", std::string("'") + e + "'");
+    }
+    return static_cast<int32_t>(v);
+  }();
+  return blocks;
 }
 
 int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slots) {

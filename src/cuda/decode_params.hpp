@@ -15,9 +15,11 @@ namespace flashkv::cuda {
 struct TensorStrides;
 
 /// Metadata bytes per token the quantized decode stages for scaling `s` at head dim `d` (token_affine: channel groups
-/// of >= 16); a format needing more is rejected by the plan.
+/// of >= 32 channels, the smallest the kv_cache_dtype grammar offers: sized so that int8 at head_dim 128 fits 3 CTAs
+/// per SM); a format needing more is rejected by the plan.
 FLASHKV_HD constexpr int quant_meta_max(kv::KVScaling s, int64_t d) {
-  return s == kv::KVScaling::token_f32 ? 4 : (s == kv::KVScaling::token_affine ? static_cast<int>(d / 16 * 4) : 0);
+  return s == kv::KVScaling::token_f32 ? 4
+                                       : (s == kv::KVScaling::token_affine ? static_cast<int>((d >= 32 ? d / 32 : 1) * 4) : 0);
 }
 
 struct DecodeParams {
@@ -62,6 +64,11 @@ struct DecodeParams {
   kv::KVHalfFormat k_format, v_format;
   const float* k_head_scales = nullptr;
   const float* v_head_scales = nullptr;
+  /// Quantized pages in pages of >= 64 slots: while a CTA's cp.async ring loads block nb + stages − 1, it prefetches
+  /// block nb + stages − 1 + l2_prefetch_blocks into L2 (prefetch.global.L2 of its code and metadata lines; a hint:
+  /// no data moves to the SM, nothing past the sequence's end is touched). 0: off; the plan sets 2, or
+  /// FLASHKV_DECODE_L2_PREFETCH=N (decode_l2_prefetch_blocks).
+  int32_t l2_prefetch_blocks = 0;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
   /// Plan-time query: when set, the launcher writes the instantiation's resident CTAs per SM on the current device

@@ -466,7 +466,8 @@ TEST(CudaQuantKVCache, UnsupportedCombinationsNameThemselves) {
   }
 }
 
-/// token_affine K / V (int8 / int4) whose channel groups are not a multiple of 16: the decode folds one group per MMA
+/// token_affine K / V (int8 / int4) whose channel groups are not a multiple of 16 (or below 32 channels, whose metadata
+/// the decode does not stage): the decode folds one group per MMA
 /// k-slice (16 channels), so the plan refuses them with an UnsupportedError naming the half (k_cache / v_cache), its
 /// format, the expected and the actual group size, before any metadata is read or anything is launched. The
 /// kv_cache_dtype grammar only offers int8 / int4 groups of 32..256 channels (and KIVI, whose V groups are 16..128 and
@@ -483,9 +484,13 @@ TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
   dlen.upload(std::vector<int32_t>{20});
   const std::vector<uint16_t> out_before(h * d, 0x7fc0);  // bf16 NaN: the plan must leave out untouched
   dout.upload(out_before);
-  for (int bad_half = 0; bad_half < 2; ++bad_half) {
+  // groups of 8: not a multiple of 16; groups of 16: below the 32 channels whose metadata the decode stages
+  for (int bad = 0; bad < 4; ++bad) {
+    const int bad_half = bad % 2, bad_group = bad < 2 ? 8 : 16;
+    const std::string bad_name = "int4_g" + std::to_string(bad_group);
     const char* name = bad_half == 0 ? "k_cache" : "v_cache";
-    SCOPED_TRACE(name);
+    SCOPED_TRACE(std::string(name) + " " + bad_name);
+    const std::string got = "got groups of " + std::to_string(bad_group);
     core::DecodeProblem p;
     p.batch = 1, p.num_heads = h, p.num_heads_kv = hk, p.head_dim = d;
     p.seqlen_q = p.max_seqlen_q = 1, p.max_seqlen_k = lens[0];
@@ -496,10 +501,10 @@ TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
     pkv.device = Device::cuda, pkv.page_size = page;
     std::vector<std::unique_ptr<DevBuf>> bufs;
     for (int half = 0; half < 2; ++half) {
-      const kv::KVHalfFormat f = kv::describe(kv::KVFormatId::int4, false, half == bad_half ? 8 : 0, half == 0, d);
-      ASSERT_EQ(f.group, half == bad_half ? 8 : d);
+      const kv::KVHalfFormat f = kv::describe(kv::KVFormatId::int4, false, half == bad_half ? bad_group : 0, half == 0, d);
+      ASSERT_EQ(f.group, half == bad_half ? bad_group : d);
       pkv.format[half] = f;
-      pkv.format_name[half] = half == bad_half ? "int4_g8" : "int4";
+      pkv.format_name[half] = half == bad_half ? bad_name.c_str() : "int4";
       bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.code_bytes));
       bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.meta_bytes_per_unit));
       kv::HalfPages& hp = pkv.pages[half];
@@ -514,7 +519,8 @@ TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
     pkv.capacity = pages * page;
     pkv.seqlens = static_cast<const int32_t*>(dlen.p), pkv.host_seqlens_k = lens;
     expect_error<UnsupportedError>([&] { (void)core::require_decode_backend(Device::cuda).plan(p); }, "",
-                                   {name, "int4_g8", "multiple of 16", "expected", "got groups of 8"});
+                                   {name, bad_name.c_str(), bad_group == 8 ? "multiple of 16" : "of at least 32 channels",
+                                    "expected", got.c_str()});
   }
   EXPECT_EQ(dout.download<uint16_t>(out_before.size()), out_before);
 }

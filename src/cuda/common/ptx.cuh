@@ -37,6 +37,14 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
+/// Prefetch of the cache line holding `p` into L2 (a hint: no register, no shared memory, no fault semantics needed
+/// beyond a valid address).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+/// 4-byte asynchronous copy; pred false zero-fills dst and does not read src.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
+  const int bytes = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 /// Load with acquire semantics at GPU scope (the deterministic backward's turn counters).
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;

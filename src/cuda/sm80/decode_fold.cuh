@@ -77,6 +77,10 @@ struct DecodeFold {
       return 0;
     }
   }
+  /// Every affine half's channel group is the whole head (the mainloop's compile-time variant for it).
+  __device__ __forceinline__ static bool whole_groups(const Src& src) {
+    return (!kKAffine || src.group(0) == kHeadDim) && (!kVAffine || src.group(1) == kHeadDim);
+  }
   /// qsum of the Q fragments qa (affine keys) and pmin zeroed (affine values).
   __device__ __forceinline__ static void init(const uint32_t (&qa)[kHeadDim / 16][4], QSum& qsum, PMin& pmin) {
     if constexpr (kKAffine) {
@@ -134,8 +138,8 @@ struct DecodeFold {
   }
 
   /// The block's V factors vf (keys j0 + rk, ...; 0 past seqlen_k; vf and vratio enter as 0 and 1) and, for fp16 P,
-  /// its power of two: vscale, vratio.
-  __device__ __forceinline__ static void v_factors(const Src& src, uint32_t stage, int rk, int j0, int seqlen_k,
+  /// its power of two: vscale, vratio (vgroup: affine V's channels per group).
+  __device__ __forceinline__ static void v_factors(const Src& src, int vgroup, uint32_t stage, int rk, int j0, int seqlen_k,
                                                    float (&vf)[2][2], float& vscale, float& vratio) {
     if constexpr (kVToken) {
 #pragma unroll
@@ -150,7 +154,7 @@ struct DecodeFold {
       if constexpr (kVToken) {
         mx = fmaxf(fmaxf(vf[0][0], vf[0][1]), fmaxf(vf[1][0], vf[1][1]));
       } else {
-        const int ng = kHeadDim / src.group(1);
+        const int ng = kHeadDim / vgroup;  // a compile-time 1 in the whole-group loop
         for (int gi = 0; gi < ng; ++gi)
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
@@ -164,12 +168,18 @@ struct DecodeFold {
       const uint32_t ex = __float_as_uint(mx) & 0x7f800000u;  // 2^floor(log2 mx); keep vscale for 0 / subnormal
       if (ex != 0u && ex != 0x7f800000u) {
         const float nv = __uint_as_float(ex);
-        vratio = vscale / nv;  // powers of two: exact
+        // vscale / nv without a division: 2^(a − b) = (2^a · 0.5) · 2^(1 − b), both factors exact (2^(1 − b) is normal
+        // for every normal nv = 2^b; 2^a · 0.5 at worst the exact subnormal 2^−127), one rounding: the quotient's value
+        vratio = (vscale * 0.5f) * __uint_as_float(0x7f800000u - ex);
         vscale = nv;
         const float inv = __uint_as_float(0x7f000000u - ex);  // 1 / nv
         if constexpr (kVToken) vf[0][0] *= inv, vf[0][1] *= inv, vf[1][0] *= inv, vf[1][1] *= inv;
       }
     }
+  }
+  /// 1 / v for a power of two v (normal): (0.5 · 2^(1 − b)), exact, no division.
+  __device__ __forceinline__ static float inv_pow2(float v) {
+    return __uint_as_float(0x7f800000u - (__float_as_uint(v) & 0x7f800000u)) * 0.5f;
   }
   /// o's rescale of row hh by `corr` also applies to the P · min' sums.
   __device__ __forceinline__ static void rescale(PMin& pmin, int hh, float corr) {

@@ -5,7 +5,7 @@
 // CTA per (split, kv head x 16-row query tile, batch); the query rows of all query heads that share one kv head are
 // packed into the 16-row mma tile (PackGQA), so each K/V byte is read once per kv head. Inside a CTA the 4 warps
 // split every 64-token K/V tile 4 ways (16 tokens each, own running max/sum/accumulator) and are merged at the end;
-// K/V tiles stream through a 3-stage cp.async ring. Each split writes a normalized partial output and its lse
+// K/V tiles stream through a cp.async ring (3 stages; the KV source's Src::kStages). Each split writes a normalized partial output and its lse
 // (float32); decode_combine_kernel merges them. With num_splits == 1 the CTA writes the final output directly.
 //
 // Pages: the one page layout of kvcache/page_layout.hpp (a PagedKVCache layer, or a [num_pages, page_size, Hk, d]
@@ -49,7 +49,7 @@ struct DecodeConfig {
   static constexpr int kNWarps = 4;
   static constexpr int kThreads = kNWarps * 32;
   static_assert(kThreads == kDecodeThreads, "the KV sources assume 128 threads");
-  static constexpr int kStages = 3;
+  static constexpr int kStages = Src::kStages;  ///< K/V ring depth (the source's: packed stages are small)
   using TileQ = SmemTile<16, kHeadDim>;
   using TileKV = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kStageBytes = Src::kStageBytes;
@@ -215,8 +215,12 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
   // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
   // rewrites the V tile, so the V fragments could not be loaded before it) is in that loop.
-  auto mainloop = [&](auto guarded) {
+  // Affine packed pages (head_dim <= 128) are compiled once more for channel groups of the whole head (the formats'
+  // default: int8 / int4 without _gN): one fold per block and half at compile time instead of a uniform branch per
+  // 16-channel slice.
+  auto mainloop = [&](auto guarded, auto whole_groups) {
     constexpr bool kGuard = !kFolded && decltype(guarded)::value;
+    constexpr bool kWhole = decltype(whole_groups)::value;
     for (int it = 0; nb_begin + it < nb_end; ++it) {
       const int nb = nb_begin + it;
       cp_async_wait<kStages - 2>();
@@ -242,7 +246,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         // affine keys: the MMAs accumulate one channel group at a time (acc), the fold's hook adds it to s
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
         float(&qk)[2][4] = kKAffine ? acc : s;
-        const int kgroup = Fold::group(src, 0);
+        const int kgroup = kWhole ? kHeadDim : Fold::group(src, 0);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
           uint32_t bk[4];
@@ -260,18 +264,40 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
       float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // token-scaled values: each key's factor
       float vratio = 1.f;                         // kVNormalize: o's extra rescale for this block
-      Fold::v_factors(src, stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale, vratio);
+      Fold::v_factors(src, kWhole ? kHeadDim : Fold::group(src, 1), stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale,
+                      vratio);
+      if constexpr (kFolded) {
+        // the per-key selects only where this thread's rows may not see all of the warp's 16 keys (the last block of
+        // a decode step, masked rows): the same scores, without 16 compare-selects per block elsewhere
+        if (p.softcap) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+          for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e];
-          if (p.softcap) x = tanh_approx(x * p.score_scale);
-          const int j = jw0 + nt * 8 + 2 * t + (e & 1);
-          const int hh = e >> 1;
-          if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
-          s[nt][e] = x;
+            for (int e = 0; e < 4; ++e) s[nt][e] = tanh_approx(s[nt][e] * p.score_scale);
         }
+        if (jw0 < max(jlo[0], jlo[1]) || jw0 + 16 > min(jhi[0], jhi[1])) {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+              const int hh = e >> 1;
+              if (j < jlo[hh] || j >= jhi[hh]) s[nt][e] = -INFINITY;  // a select: masked keys are exactly absent
+            }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[nt][e];
+            if (p.softcap) x = tanh_approx(x * p.score_scale);
+            const int j = jw0 + nt * 8 + 2 * t + (e & 1);
+            const int hh = e >> 1;
+            if (j < jlo[hh] || j >= jhi[hh]) x = -INFINITY;  // a select: masked keys are exactly absent
+            s[nt][e] = x;
+          }
+      }
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
@@ -340,8 +366,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       // P (the A operand) for every 16-column slice of V, or per channel group (affine V: the fold's hook)
       uint32_t a[4];
       Fold::p_operand(s, vf, a);
-      const int vgroup = Fold::group(src, 1);
-      const float vinv = kVAffine ? 1.f / vscale : 1.f;  // a power of two (1 unless kVNormalize)
+      const int vgroup = kWhole ? kHeadDim : Fold::group(src, 1);
+      const float vinv = kVAffine ? Fold::inv_pow2(vscale) : 1.f;  // vscale: a power of two (1 unless kVNormalize)
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
         Fold::v_slice(src, dt2, vgroup, vinv, stage_addr, rk, nb * kBlockN, seqlen_k, s, pmin, a);
@@ -350,13 +376,25 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
         mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
+      if constexpr (kFolded) {
+        // packed pages: the block l2_prefetch_blocks past the ring's newest into L2 (at the block's end: the page-table
+        // read it waits for does not delay this block's work)
+        const int nbp = nb + kStages - 1 + p.l2_prefetch_blocks;
+        if (p.l2_prefetch_blocks > 0 && nbp < nb_end) src.prefetch_l2(nbp * kBlockN, seqlen_k, locate);
+      }
     }
   };
-  if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
-                                         min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-    mainloop(std::false_type{});
+  if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)
+    if (Fold::whole_groups(src)) {
+      mainloop(std::false_type{}, std::true_type{});
+    } else {
+      mainloop(std::false_type{}, std::false_type{});
+    }
+  } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
+                                                min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
+    mainloop(std::false_type{}, std::false_type{});
   } else {
-    mainloop(std::true_type{});
+    mainloop(std::true_type{}, std::false_type{});
   }
   Fold::finish(src, vscale, pmin, o);
   cp_async_wait<0>();

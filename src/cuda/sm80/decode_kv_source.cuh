@@ -36,6 +36,7 @@
 namespace flashkv::cuda::sm80 {
 
 inline constexpr int kDecodeBlockN = 64;    ///< tokens per pipeline stage (16 per warp)
+inline constexpr int kLog2BlockN = 6;       ///< log2(kDecodeBlockN)
 inline constexpr int kDecodeThreads = 128;  ///< 4 warps
 
 /// Byte offset of row (page, slot) of one half for its page / slot strides in bytes (page, slot >= 0: two 32 x 64-bit
@@ -50,6 +51,7 @@ struct Kv16Source {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
   using TV = T;  ///< element type of the V tile and of P in the P·V MMA
   static constexpr int kStageBytes = 2 * TileKV::kBytes;
+  static constexpr int kStages = 3;  ///< cp.async ring depth (2 CTAs per SM at head_dim 128: 4 blocks of 32 KB in flight)
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
@@ -158,6 +160,24 @@ __device__ __forceinline__ void dequant8(const kv::KVHalfFormat& f, const uint8_
   }
 }
 
+/// Shared memory of a quantized decode CTA (sm80::DecodeConfig's layout): Q tile | stages x stage | conversion tile,
+/// or the warp merge's scratch where larger.
+__host__ __device__ constexpr int quant_smem_bytes(int head_dim, int stage_bytes, int conv_bytes, int stages) {
+  return 16 * ((head_dim / 8 + 7) / 8 * 8) * 16 /* the Q tile: SmemTile<16, head_dim>::kBytes */ + (stages * stage_bytes + conv_bytes > 4 * 16 * (head_dim + 2) * 4
+                                  ? stages * stage_bytes + conv_bytes
+                                  : 4 * 16 * (head_dim + 2) * 4);
+}
+/// 3 such CTAs fit an H100 / H200 SM's 228 KB (1 KB reserved per CTA).
+__host__ __device__ constexpr bool quant_fits3(int head_dim, int stage_bytes, int conv_bytes, int stages) {
+  return 3 * (quant_smem_bytes(head_dim, stage_bytes, conv_bytes, stages) + 1024) <= 228 * 1024;
+}
+/// The deepest ring (3 .. max_stages) with which 3 CTAs fit.
+__host__ __device__ constexpr int quant_deepest3(int head_dim, int stage_bytes, int conv_bytes, int max_stages) {
+  int n = 3;
+  while (n < max_stages && quant_fits3(head_dim, stage_bytes, conv_bytes, n + 1)) ++n;
+  return n;
+}
+
 template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
 struct KvQuantSource {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
@@ -189,14 +209,15 @@ struct KvQuantSource {
       std::is_same_v<T, __half> && (VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine);
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
-  /// The CTA's shared memory (sm80::DecodeConfig, 3 stages; checked there): 3 CTAs per SM where 3 of them fit the
-  /// H100 / H200's 228 KB (with 1 KB reserved each): fp8 and int4 at head_dim 128, not int8 (its staged metadata is
-  /// sized for 16-channel groups).
-  static constexpr int kSmemBytes =
-      attn::SmemTile<16, kHeadDim>::kBytes + (3 * kStageBytes + kConvBytes > 4 * 16 * (kHeadDim + 2) * 4
-                                                  ? 3 * kStageBytes + kConvBytes
-                                                  : 4 * 16 * (kHeadDim + 2) * 4);
-  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && 3 * (kSmemBytes + 1024) <= 228 * 1024 ? 3 : 1;
+  /// The CTA's shared memory (sm80::DecodeConfig; checked there): 3 CTAs per SM where 3 of them fit the H100 / H200's
+  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its
+  /// staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped
+  /// registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is 2–4x smaller
+  /// than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4 60 KB, fp8 96 KB)
+  /// fall short of the 16-bit decode's (2 x 2 x 32 KB) — int4 at head_dim 128 gets 5 stages (120 KB in flight).
+  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && quant_fits3(kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1;
+  static constexpr int kStages = kMinCtasPerSm != 3 ? 3 : quant_deepest3(kHeadDim, kStageBytes, kConvBytes, 6);
+  static constexpr int kSmemBytes = quant_smem_bytes(kHeadDim, kStageBytes, kConvBytes, kStages);
   /// Affine sources under the cap reload the Q fragments from shared memory per block (registers).
   static constexpr bool kReloadQ =
       (KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine) && kMinCtasPerSm > 1;
@@ -206,6 +227,9 @@ struct KvQuantSource {
   kv::KVHalfFormat fmt[2];
   float head_scale[2];
   int64_t page_stride[2], slot_stride[2], meta_page_stride[2];
+  /// every 64-token block lies in one page: pages of >= 64 slots (blocks are 64-aligned), or a contiguous cache of a
+  /// whole number of blocks
+  bool one_page_blocks;
 
   __device__ __forceinline__ KvQuantSource(const DecodeParams& p, int hk) {
     codes[0] = static_cast<const uint8_t*>(p.k_cache) + hk * p.k_head;
@@ -219,6 +243,7 @@ struct KvQuantSource {
     page_stride[0] = p.k_page, page_stride[1] = p.v_page;
     slot_stride[0] = p.k_row, slot_stride[1] = p.v_row;
     meta_page_stride[0] = p.k_meta_page, meta_page_stride[1] = p.v_meta_page;
+    one_page_blocks = p.page_table != nullptr ? p.page_size_log2 >= kLog2BlockN : p.capacity % kDecodeBlockN == 0;
   }
 
   /// Byte offset of (page, slot) in half `half`.
@@ -228,9 +253,10 @@ struct KvQuantSource {
   /// Issues the cp.async copies of keys [j0, j0 + kBlockN) — codes of both halves, then their metadata — into the
   /// stage at `dst`. Code slots past seqlen_k are zero-filled, never read (j0 < seqlen_k for every block the kernel
   /// visits, so their page lookup is clamped to the last key): their images are finite constants whose weight is
-  /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is not copied.
+  /// exactly 0 (masked scores; V factors 0 past the end; static-scale V: P = 0). Their metadata is zero-filled
+  /// (one page lookup per row serves its codes and metadata, K and V).
   template <class Locate>
-  __device__ __forceinline__ void load(const DecodeParams&, uint32_t dst, int j0, int seqlen_k,
+  __device__ __forceinline__ void load(const DecodeParams& p, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
     constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
     const int tid = threadIdx.x;
@@ -247,6 +273,34 @@ struct KvQuantSource {
       constexpr int kStep = kDecodeThreads / kChunksK;
       const int ch = tid % kChunksK, rt = tid / kChunksK;
       static_assert(kDecodeBlockN % kStep == 0, "whole rows per pass");
+      // the metadata words of the same rows with the same page lookup: thread ch copies words ch, ch + kChunksK, ..
+      // of each of its rows (words per token: 1 for token_f32, head_dim / group for token_affine, at most kWords*)
+      const int mb_k = fmt[0].meta_bytes_per_unit, mb_v = fmt[1].meta_bytes_per_unit;
+      const uint32_t mdst_k = dst + kCodeBlockK, mdst_v = dst + kHalfBytesK + kCodeBlockV;
+      if (one_page_blocks) {
+        // the block's 64 slots lie in one page (pages of >= 64 slots and 64-aligned blocks; or a contiguous cache of a
+        // whole number of blocks): one page lookup for the block, the rows at constant strides from it. Every row's
+        // address is inside that page (or the sequence's rows); a row past the end copies nothing (zero-fill).
+        int64_t page;
+        int slot0;
+        locate(j0, page, slot0);
+        const uint8_t* kp = codes[0] + row_offset(0, page, slot0 + rt) + ch * 16;
+        const uint8_t* vp = codes[1] + row_offset(1, page, slot0 + rt) + ch * 16;
+        const uint8_t* mkp = meta[0] + page_slot_offset(page, slot0 + rt, meta_page_stride[0], mb_k);
+        const uint8_t* mvp = meta[1] + page_slot_offset(page, slot0 + rt, meta_page_stride[1], mb_v);
+        const int64_t kstep = kStep * slot_stride[0], vstep = kStep * slot_stride[1];
+#pragma unroll
+        for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
+          const int r = rt + k * kStep;
+          const bool ok = j0 + r < seqlen_k;
+          attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, kp, ok);
+          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, vp, ok);
+          meta_words<KS, kChunksK>(mdst_k + r * mb_k, mkp, mb_k / 4, ch, ok);
+          meta_words<VS, kChunksK>(mdst_v + r * mb_v, mvp, mb_v / 4, ch, ok);
+          kp += kstep, vp += vstep, mkp += kStep * mb_k, mvp += kStep * mb_v;
+        }
+        return;
+      }
 #pragma unroll
       for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
         // branch-free: a slot past the end is zero-filled and not read (its page looked up at the last key: j0 <
@@ -258,6 +312,10 @@ struct KvQuantSource {
         locate(ok ? j : seqlen_k - 1, page, slot);
         attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
         attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
+        meta_words<KS, kChunksK>(mdst_k + r * mb_k, meta[0] + page_slot_offset(page, slot, meta_page_stride[0], mb_k),
+                                 mb_k / 4, ch, ok);
+        meta_words<VS, kChunksK>(mdst_v + r * mb_v, meta[1] + page_slot_offset(page, slot, meta_page_stride[1], mb_v),
+                                 mb_v / 4, ch, ok);
       }
     } else {
 #pragma unroll
@@ -266,9 +324,52 @@ struct KvQuantSource {
         const int cb = half == 0 ? kCodeBytesK : kCodeBytesV, chunks = cb / 16;
         for (int i = tid; i < kDecodeBlockN * chunks; i += kDecodeThreads) copy_row(half, hdst, cb, i / chunks, i % chunks);
       }
+      copy_meta<0>(dst + kCodeBlockK, j0, seqlen_k, locate);
+      copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
     }
-    copy_meta<0>(dst + kCodeBlockK, j0, seqlen_k, locate);
-    copy_meta<1>(dst + kHalfBytesK + kCodeBlockV, j0, seqlen_k, locate);
+  }
+  /// L2 prefetch of keys [j0, j0 + kBlockN) (j0 < seqlen_k) where the block lies in one page: thread i < 64 the K
+  /// code row i, thread 64 + i the V one (their 128-byte lines), rows past seqlen_k skipped; the metadata lines of the
+  /// block by the first threads of each half. Pages of < 64 slots: nothing (a row-wise page lookup would stall the warp).
+  template <class Locate>
+  __device__ __forceinline__ void prefetch_l2(int j0, int seqlen_k, Locate&& locate) const {
+    if (!one_page_blocks) return;
+    // (halves chosen by selects, not by indexing the member arrays with a run-time index: that would put the source
+    // in local memory)
+    const int tid = threadIdx.x, r = tid % kDecodeBlockN;
+    const bool v = tid >= kDecodeBlockN;
+    int64_t page;
+    int slot0;
+    locate(j0, page, slot0);
+    if (j0 + r < seqlen_k) {
+      const uint8_t* row = (v ? codes[1] : codes[0]) +
+                           page_slot_offset(page, slot0 + r, v ? page_stride[1] : page_stride[0], v ? slot_stride[1] : slot_stride[0]);
+      constexpr int kRowBytes = kCodeBytesK > kCodeBytesV ? kCodeBytesK : kCodeBytesV;
+#pragma unroll
+      for (int c = 0; c < kRowBytes; c += 128)
+        if (c < (v ? kCodeBytesV : kCodeBytesK)) attn::prefetch_l2(row + c);
+    }
+    constexpr bool kMetaK = KS == kv::KVScaling::token_f32 || KS == kv::KVScaling::token_affine;
+    constexpr bool kMetaV = VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine;
+    if (v ? kMetaV : kMetaK) {
+      const int mb = v ? fmt[1].meta_bytes_per_unit : fmt[0].meta_bytes_per_unit;
+      const int n = min(kDecodeBlockN, seqlen_k - j0);  // tokens of the block
+      if (r * 128 < n * mb)
+        attn::prefetch_l2((v ? meta[1] : meta[0]) +
+                          page_slot_offset(page, slot0, v ? meta_page_stride[1] : meta_page_stride[0], mb) + r * 128);
+    }
+  }
+  /// Words w = ch, ch + kChunks, .. < words of one token's metadata row (src: its first byte; dst: its staged row),
+  /// zero-filled where !ok (a slot past the end: within its own staged row). Nothing for head_static; the page
+  /// format's metadata is one unit per token (tokens_per_unit 1, checked by the plan).
+  template <kv::KVScaling kS, int kChunks>
+  __device__ __forceinline__ static void meta_words(uint32_t dst, const uint8_t* src, int words, int ch, bool ok) {
+    constexpr int kWords = quant_meta_max(kS, kHeadDim) / 4;
+#pragma unroll
+    for (int i = 0; i < (kWords + kChunks - 1) / kChunks; ++i) {
+      const int w = ch + i * kChunks;
+      if (kS == kv::KVScaling::token_f32 ? w == 0 : w < words) attn::cp_async_4(dst + 4 * w, src + 4 * w, ok);
+    }
   }
   /// The metadata of keys [j0, j0 + kBlockN) of half `half` into `mdst` (rows of meta_bytes_per_unit; K's words from
   /// thread 0, V's from thread 64: one word per token each is one copy per thread).
