@@ -375,6 +375,9 @@ void CudaEngine::run_decode_step(const Step& st) {
   if (b == nullptr) {
     DecodePlan plan = kv::plan_step_decode(kv_, st.tables(), st.batch, 1, c.num_heads, st.max_k, att_dtype_,
                                            stream_.get());
+    if (plan.num_splits() != splits)  // the key must name the plan it stands for
+      throw Error("flashkv: CUDA engine: step plan with " + std::to_string(plan.num_splits()) + " splits for a bucket of " +
+                  std::to_string(splits), Status::internal);
     b = &graphs_.add(key, std::move(plan));
     if (graphs_.enabled()) {
       graphs_.capture(*b, stream_.get(), [&] {
