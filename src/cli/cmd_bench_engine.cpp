@@ -123,7 +123,7 @@ void run_batched(const BenchEngineArgs& a) {
                        {"vocab_size", mc.vocab_size}, {"seq_len", mc.seq_len},
                        {"shared_classifier", mc.shared_classifier}};
   j["load_seconds"] = load_seconds;
-  j["config"] = {{"protocol", "batched decode"}, {"device", a.device.device}, {"fill", a.fill},
+  j["config"] = {{"protocol", "batched decode"}, {"device", a.device.device}, {"cuda_graphs", a.device.cuda_graphs}, {"fill", a.fill},
                  {"contexts", o.contexts}, {"batches", a.batch}, {"warmup", o.warmup}, {"n_gen", o.n_gen},
                  {"point_seconds", o.point_seconds}, {"batch_cap", o.batch_cap}, {"kv_pool_bytes", o.pool_bytes},
                  {"capacity_context", o.capacity_context}, {"probe_cap", o.probe_cap}, {"page_size", a.page_size},
