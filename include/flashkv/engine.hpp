@@ -78,8 +78,9 @@ struct EngineOptions {
   /// positions, lengths, page tables) is read from device tables uploaded before the replay, so a bucket's graph
   /// replays the same kernels with the same arguments as launching them one by one would: the results are identical
   /// with graphs on or off. A step outside every held bucket is captured on first sight (at most 64 graphs are kept,
-  /// least recently used dropped); a capture that fails runs its bucket eagerly — counted and named in
-  /// Engine::cuda_graph_stats() and printed with FLASHKV_LOG=1, never silent. false: every step is launched kernel
+  /// least recently used dropped); a step whose capture fails runs eagerly and the capture is retried on the bucket's
+  /// next steps (three failures in all leave the bucket eager) — counted and named in Engine::cuda_graph_stats() and
+  /// printed with FLASHKV_LOG=1, never silent. false: every step is launched kernel
   /// by kernel (the A/B baseline; the same device tables, batched appends and single synchronization per step).
   /// Prefill and extend calls always run eagerly.
   bool cuda_graphs = true;
@@ -90,7 +91,7 @@ struct CudaGraphStats {
   int64_t graph_steps = 0;       ///< decode steps replayed from a captured graph
   int64_t eager_steps = 0;       ///< decode steps launched kernel by kernel (graphs off, or a failed capture)
   int64_t captures = 0;          ///< graphs captured and instantiated (one per bucket first seen)
-  int64_t capture_failures = 0;  ///< captures that failed; their bucket then runs eagerly
+  int64_t capture_failures = 0;  ///< captures that failed (their step ran eagerly; a bucket retries up to 3 times)
   int64_t evictions = 0;         ///< graphs dropped (least recently used) to keep at most 64
   int32_t graphs = 0;            ///< executable graphs held now
   std::string last_capture_error;  ///< why the last failed capture failed ("" if none did)

@@ -379,11 +379,9 @@ void CudaEngine::run_decode_step(const Step& st) {
       throw Error("flashkv: CUDA engine: step plan with " + std::to_string(plan.num_splits()) + " splits for a bucket of " +
                   std::to_string(splits), Status::internal);
     b = &graphs_.add(key, std::move(plan));
-    if (graphs_.enabled()) {
-      graphs_.capture(*b, stream_.get(), [&] {
-        issue_forward(st, decode_act_, decode_logits_.as<float>(), &b->plan);
-      });
-    }
+  }
+  if (graphs_.wants_capture(*b)) {
+    graphs_.capture(*b, stream_.get(), [&] { issue_forward(st, decode_act_, decode_logits_.as<float>(), &b->plan); });
   }
   if (b->exec != nullptr) {
     graphs_.launch(*b, stream_.get());

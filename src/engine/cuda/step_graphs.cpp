@@ -67,11 +67,12 @@ bool StepGraphs::capture(StepBucket& b, cudaStream_t stream, const std::function
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!err.empty()) {
     (void)cudaGetLastError();  // the capture's errors are not sticky; the stream is usable again
-    b.capture_failed = true;
+    ++b.failed_captures;
     ++stats_.capture_failures;
     stats_.last_capture_error = err;
     core::record_path("engine cuda decode: graph capture FAILED (" + b.key.describe() + "): " + err +
-                      "; this bucket runs eagerly");
+                      (b.failed_captures < kMaxCaptureFailures ? "; this step runs eagerly, the capture is retried"
+                                                               : "; this bucket runs eagerly from now on"));
     return false;
   }
   ++stats_.captures;

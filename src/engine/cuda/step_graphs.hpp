@@ -8,8 +8,9 @@
 // from the same launches the eager path makes: replaying it computes bit for bit what launching them would.
 //
 // Buckets are captured on first sight and kept (least recently used dropped beyond kMaxBuckets). A capture that fails
-// (a CUDA / cuBLAS call refused under capture) leaves its bucket eager for good: counted in CudaGraphStats
-// (capture_failures, last_capture_error) and printed with FLASHKV_LOG=1; never silent.
+// (a CUDA / cuBLAS call refused under capture, another thread's device-wide synchronization) runs that step eagerly and
+// is retried on the bucket's next steps, at most kMaxCaptureFailures times in all; every failure is counted in
+// CudaGraphStats (capture_failures, last_capture_error) and printed with FLASHKV_LOG=1; never silent.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,13 +39,16 @@ struct StepBucket {
   StepKey key;
   DecodePlan plan;
   cudaGraphExec_t exec = nullptr;
-  bool capture_failed = false;  ///< runs eagerly from now on
+  int32_t failed_captures = 0;  ///< after kMaxCaptureFailures the bucket stays eager
   uint64_t last_use = 0;
 };
 
 class StepGraphs {
  public:
   static constexpr size_t kMaxBuckets = 64;
+  /// A bucket whose capture failed is retried on its next steps (another thread's device-wide synchronization can
+  /// invalidate a capture), until it has failed this many times.
+  static constexpr int32_t kMaxCaptureFailures = 3;
   explicit StepGraphs(bool enabled) : enabled_(enabled) {}
   ~StepGraphs() { clear(); }
   StepGraphs(const StepGraphs&) = delete;
@@ -55,9 +59,13 @@ class StepGraphs {
   StepBucket* find(const StepKey& key);
   /// Adds the bucket of `key` with its plan, dropping the least recently used one beyond kMaxBuckets.
   StepBucket& add(const StepKey& key, DecodePlan plan);
+  /// Whether `b` should be captured now: graphs on, not captured yet, fewer than kMaxCaptureFailures failures.
+  bool wants_capture(const StepBucket& b) const {
+    return enabled_ && b.exec == nullptr && b.failed_captures < kMaxCaptureFailures;
+  }
   /// Captures `issue` (the step's launches on `stream`, which must be idle of other captures) into b.exec and
-  /// instantiates it. False when any part fails: the bucket is marked eager, the reason recorded and logged, the CUDA
-  /// error state cleared; nothing was executed (a captured stream runs nothing).
+  /// instantiates it. False when any part fails: the failure counted, the reason recorded and logged, the CUDA error
+  /// state cleared; nothing was executed (a captured stream runs nothing), so the caller runs the step eagerly.
   bool capture(StepBucket& b, cudaStream_t stream, const std::function<void()>& issue);
   /// Replays b.exec on `stream`.
   void launch(StepBucket& b, cudaStream_t stream);
