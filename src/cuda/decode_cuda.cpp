@@ -93,6 +93,33 @@ std::unique_ptr<DeviceBuffer> upload_head_scales(const core::DecodeProblem& p, i
   return buf;
 }
 
+/// The checks of packed (non-16-bit) K / V halves that follow from their format descriptions and metadata layout alone:
+/// UnsupportedError naming the half (k_cache / v_cache), its kv_cache_dtype name, the expected and the actual value.
+/// CudaDecodeWork runs them before any check of where the pages come from, so a format the kernels cannot read is
+/// reported as such.
+void check_packed_formats(const core::DecodeProblem& p) {
+  for (int half = 0; half < 2; ++half) {
+    const kv::HalfPages& h = p.kv.pages[half];
+    const kv::KVHalfFormat& f = p.kv.format[half];
+    const char* name = half == 0 ? "k_cache" : "v_cache";
+    // one MMA k-slice per group (checked before the metadata size, which follows from the group)
+    if (f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0)) {
+      throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
+                             "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
+                             "per group), got groups of " + str(f.group) +
+                             " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
+    }
+    if (f.meta_bytes_per_unit > 0 &&
+        ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
+         f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
+         f.meta_bytes_per_unit > quant_meta_max(f.scaling, p.head_dim))) {
+      throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
+                             p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
+                             str(f.tokens_per_unit) + " tokens per unit)");
+    }
+  }
+}
+
 /// The split count of a plan for `p` whose kernel is `launch` and whose longest sequence has max_k keys (the current
 /// device is p's).
 int32_t choose_splits(const core::DecodeProblem& p, DecodeLaunch launch, int64_t max_k, int32_t device) {
@@ -153,6 +180,9 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                     dtype_name(p.dtype));
   }
   const bool raw16 = raw16_pages(p);
+  // What the halves' formats themselves rule out comes first: it names the half, its format and the expected vs the
+  // actual value, whatever the problem's source (a PagedKVCache, an engine step, or cache tensors).
+  if (!raw16) check_packed_formats(p);
   if (!raw16 && !p.kv.paged_cache) {  // flash-attn style cache tensors are 16-bit by definition
     throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
                            " pages for " + dtype_name(p.dtype) + " queries");
@@ -182,22 +212,6 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     const char* name = half == 0 ? "k_cache" : "v_cache";
     if (!aligned16(h.codes) || h.page_stride % 16 != 0 || h.slot_stride % 16 != 0 || h.head_stride % 16 != 0) {
       throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
-    }
-    const kv::KVHalfFormat& f = p.kv.format[half];
-    // one MMA k-slice per group (checked before the metadata size, which follows from the group)
-    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0)) {
-      throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
-                             "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
-                             "per group), got groups of " + str(f.group) +
-                             " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
-    }
-    if (!raw16 && f.meta_bytes_per_unit > 0 &&
-        ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
-         f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
-         f.meta_bytes_per_unit > quant_meta_max(f.scaling, p.head_dim))) {
-      throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
-                             p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
-                             str(f.tokens_per_unit) + " tokens per unit)");
     }
   }
   const int64_t group = p.group_size();
