@@ -14,7 +14,11 @@ only, Hopper); every flashkv row records flashkv.last_kernel_path(), listed unde
 Sections (FA3-paper conventions, docs/engineering.md):
   prefill  16k tokens per batch, hidden 2048 (heads = 2048 / head_dim), head dims 64/128/256, seqlen 512..16k,
            causal and not, forward and forward+backward; TFLOP/s with fwd = 4*B*H*S^2*d (halved when causal),
-           fwd+bwd = 3.5x fwd; ratios flashkv / cuDNN and flashkv / SDPA-flash.
+           fwd+bwd = 3.5x fwd; ratios flashkv / cuDNN and flashkv / SDPA-flash. "C ABI" / "C ABI sm80": this library
+           (auto / kernel family sm80) through the same raw ctypes calls as the previous release (PrevLib), so that
+           "C ABI sm80 / prev sm80" compares kernels and host paths only, without the Python binding's per-call cost.
+           An A/A check of the cross-process comparison: --prev-library this library's own libflashkv.so (its sm80
+           rows then run kernel="sm80"; prev and prev sm80 should come out at 1.00x of C ABI and C ABI sm80).
   decode   32 query / 8 KV heads, d = 128, one new token, bf16 KV cache (flashkv: paged, page_size 256), batch 1..128,
            context 4k..128k: effective bandwidth = KV bytes / time, vs cuDNN / SDPA-flash and the measured HBM
            read bandwidth. Two flashkv rows: "flashkv" through the public Python API (flashkv.paged_decode: argument
@@ -90,26 +94,35 @@ class PrevLib:
         if status != 0:
             raise RuntimeError(self.lib.flashkv_last_error().decode())
 
-    def _opts(self, causal, deterministic=False):
+    def _opts(self, causal, deterministic=False, kernel="auto"):
         o = L.AttentionOptions()
         self._check(self.lib.flashkv_attention_options_default(ctypes.byref(o)))
         o.causal, o.deterministic = int(causal), int(deterministic)
         o.stream = torch.cuda.current_stream().cuda_stream
+        # A library with kernel families reads this field; the previous release's smaller struct_size leaves it unread
+        # (its sm80 rows go through FLASHKV_CUDA_SM80_ONLY instead, see Sm80OnlyPrev).
+        o.kernel_family = L.KERNEL_FAMILIES[kernel]
         return o
 
-    def forward(self, q, k, v, causal):
+    def forward(self, q, k, v, causal, kernel="auto"):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
         t = [to_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"))]
-        self._check(self.lib.flashkv_attention_forward(*[x.ptr for x in t], ctypes.byref(self._opts(causal))))
+        o = self._opts(causal, kernel=kernel)
+        self._check(self.lib.flashkv_attention_forward(*[x.ptr for x in t], ctypes.byref(o)))
         return out, lse
 
-    def backward(self, dout, q, k, v, out, lse, causal):
+    def backward(self, dout, q, k, v, out, lse, causal, kernel="auto"):
         g = [torch.empty_like(x) for x in (q, k, v)]
         t = [to_tensor(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (lse, "lse"), (dout, "dout"),
                                           (g[0], "dq"), (g[1], "dk"), (g[2], "dv"))]
-        self._check(self.lib.flashkv_attention_backward(*[x.ptr for x in t], ctypes.byref(self._opts(causal))))
+        o = self._opts(causal, kernel=kernel)
+        self._check(self.lib.flashkv_attention_backward(*[x.ptr for x in t], ctypes.byref(o)))
         return g
+
+    def forward_backward(self, dout, q, k, v, causal, kernel="auto"):
+        out, lse = self.forward(q, k, v, causal, kernel)
+        return self.backward(dout, q, k, v, out, lse, causal, kernel)
 
     def decode(self, q, k_cache, v_cache, page_table, seqlens, out, num_splits, max_seqlen_k):
         o = L.DecodeOptions()
@@ -124,7 +137,7 @@ class PrevLib:
 
 
 PREV = None  # PrevLib in the --prev-worker process
-CUR = None  # this library (FLASHKV_LIBRARY) through PrevLib: decode timed without the Python binding's per-call cost
+CUR = None  # this library (FLASHKV_LIBRARY) through PrevLib: timed without the Python binding's per-call cost
 try:  # FlashAttention-3's forward (PyPI wheel fa3-fwd==0.0.3; scripts/gpu-run installs it from .whl/ when carried)
     import fa3_fwd_interface as FA3
 except Exception:  # noqa: BLE001 — the column is then "-"
@@ -214,15 +227,14 @@ def prefill(dims, seqlens, modes, check):
                     qd, kd, vd = q.detach(), k.detach(), v.detach()
                     if PREV is not None:  # the --prev-worker process: the previous release only
                         fns = {}
+                        # kernel="sm80" too, so that a library with kernel families given as --prev-library (an
+                        # A/A run of this one) times its sm80 kernels in these rows.
                         if mode == "fwd":
                             fns["prev"] = lambda: PREV.forward(qd, kd, vd, causal)
-                            fns["prev_sm80"] = prev_sm80(lambda: PREV.forward(qd, kd, vd, causal))
+                            fns["prev_sm80"] = prev_sm80(lambda: PREV.forward(qd, kd, vd, causal, "sm80"))
                         else:
-                            def prev_fb():
-                                out, lse = PREV.forward(qd, kd, vd, causal)
-                                return PREV.backward(g, qd, kd, vd, out, lse, causal)
-                            fns["prev"] = prev_fb
-                            fns["prev_sm80"] = prev_sm80(prev_fb)
+                            fns["prev"] = lambda: PREV.forward_backward(g, qd, kd, vd, causal)
+                            fns["prev_sm80"] = prev_sm80(lambda: PREV.forward_backward(g, qd, kd, vd, causal, "sm80"))
                     elif mode == "fwd":
                         fns["flashkv"] = lambda: fk_forward(qd, kd, vd, causal)
                         fns["flashkv_sm80"] = lambda: fk_forward(qd, kd, vd, causal, kernel="sm80")
@@ -238,6 +250,13 @@ def prefill(dims, seqlens, modes, check):
                         fns["flashkv"] = lambda: fk_fb(False)
                         fns["flashkv_det"] = lambda: fk_fb(True)
                         fns["flashkv_sm80"] = lambda: fk_fb(False, "sm80")
+                    if CUR is not None and PREV is None:  # this library through the C ABI, exactly as prev is called
+                        if mode == "fwd":
+                            fns["flashkv_cabi"] = lambda: CUR.forward(qd, kd, vd, causal)
+                            fns["flashkv_cabi_sm80"] = lambda: CUR.forward(qd, kd, vd, causal, "sm80")
+                        else:
+                            fns["flashkv_cabi"] = lambda: CUR.forward_backward(g, qd, kd, vd, causal)
+                            fns["flashkv_cabi_sm80"] = lambda: CUR.forward_backward(g, qd, kd, vd, causal, "sm80")
                     for name, fn in fns.items():
                         try:
                             r = timed(dict(d=d, s=s, b=bsz, h=h, causal=causal, backend=name, mode=mode), fn)
@@ -441,15 +460,17 @@ class Paths:
         return [f"[{n}] `{p}`" for p, n in sorted(self.ids.items(), key=lambda x: x[1])]
 
 
-FLASHKV_ROWS = ("flashkv", "flashkv_det", "flashkv_sm80", "flashkv_sm90", "flashkv_sm90ws")
+FLASHKV_ROWS = ("flashkv", "flashkv_det", "flashkv_sm80", "flashkv_sm90", "flashkv_sm90ws", "flashkv_cabi",
+                "flashkv_cabi_sm80")
 
 
 def prefill_table(rows, paths):
     get = {(r["d"], r["s"], r["causal"], r["backend"], r["mode"]): r for r in rows if "mode" in r}
     lines = ["| mode | d | seqlen | causal | flashkv | flashkv det | flashkv sm80 | flashkv sm90 | flashkv sm90ws | prev | "
              "prev sm80 | SDPA flash | cuDNN | FA3 | mem-eff | flashkv/prev | sm80/prev sm80 | flashkv/flash | sm80/flash | "
-             "flashkv/cuDNN | flashkv/FA3 | flashkv/max(FA3,cuDNN) | sm90ws/sm90 | paths |",
-             "|" + "---|" * 24]
+             "flashkv/cuDNN | flashkv/FA3 | flashkv/max(FA3,cuDNN) | sm90ws/sm90 | C ABI | C ABI sm80 | C ABI/prev | "
+             "C ABI sm80/prev sm80 | paths |",
+             "|" + "---|" * 28]
     keys = sorted({(r["mode"], r["d"], r["s"], r["causal"]) for r in rows if "mode" in r and r["backend"] != "check"})
     for mode, d, s, c in keys:
         row = lambda b: get.get((d, s, c, b, mode))  # noqa: E731
@@ -458,11 +479,13 @@ def prefill_table(rows, paths):
         fmt = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
         s90, s90ws = f("flashkv_sm90"), f("flashkv_sm90ws")
+        ca, cs = f("flashkv_cabi"), f("flashkv_cabi_sm80")  # this library through prev's call path (C ABI, ctypes)
         lines.append(f"| {mode} | {d} | {s} | {int(c)} | {fmt(fk)} | {fmt(f('flashkv_det'))} | {fmt(sm)} | "
                      f"{fmt(s90)} | {fmt(s90ws)} | "
                      f"{fmt(pv)} | {fmt(ps)} | {fmt(fl)} | {fmt(cu)} | {fmt(f('fa3'))} | {fmt(f('mem_eff'))} | "
                      f"{ratio(fk, pv)} | {ratio(sm, ps)} | {ratio(fk, fl)} | {ratio(sm, fl)} | {ratio(fk, cu)} | "
                      f"{ratio(fk, f('fa3'))} | {ratio(fk, max(f('fa3') or 0, cu or 0))} | {ratio(s90ws, s90)} | "
+                     f"{fmt(ca)} | {fmt(cs)} | {ratio(ca, pv)} | {ratio(cs, ps)} | "
                      f"{paths.ref(*(row(b) for b in FLASHKV_ROWS))} |")
     return "\n".join(lines)
 
@@ -523,6 +546,7 @@ def main():
     print("device", meta, flush=True)
     res = dict(meta=meta, ceilings=ceilings())
     print("ceilings", res["ceilings"], flush=True)
+    CUR = PrevLib(L.library_path())  # the same loaded library, called like the previous release (ctypes only)
     if "prefill" in sections:
         res["prefill"] = prefill((64, 128, 256), seqlens, ("fwd", "fwdbwd"), check=True)
     if "fp8" in sections:
@@ -530,7 +554,6 @@ def main():
     if "flex" in sections:
         res["flex"] = flex_rows(((128, 8192), (64, 8192)))
     if "decode" in sections:
-        CUR = PrevLib(L.library_path())  # the same loaded library, called like the previous release (ctypes only)
         res["decode"] = decode(decode_grid)
     if "progression" in sections:
         res["progression"] = progression(((128, 1024, False), (128, 4096, False), (128, 4096, True)))

@@ -5,8 +5,8 @@ CUPTI), with the fix-up kernel's and the flag memset's share, next to the call's
 
     PYTHONPATH=python FLASHKV_LIBRARY=build/cuda/lib/libflashkv.so python3 bench/gpu/nonfinite_cost.py [--out DIR]
 
-Calls: the sm80 forward at head dims 64 and 96 (the forwards with the fix-up) and the backward (auto family, and
-sm80) at head dims 64 and 128, on the FA3 grid's shapes (B*S = 16k tokens, H*d = 2048) at seqlen 512 and 4k, causal;
+Calls: the sm80 forward at head dims 64, 96, 128 and 256 (every sm80 forward runs the fix-up) and the backward (auto
+family, and sm80) at head dims 64 and 128, on the FA3 grid's shapes (B*S = 16k tokens, H*d = 2048) at seqlen 512 and 4k, causal;
 the normal path (finite inputs: the fix-up launch returns at once) and, once per call kind, the rare path (one NaN
 in k on the causal diagonal of head 0, batch 0: every row that sees it is NaN, the rest is recomputed exactly).
 Writes nonfinite_cost.md (and prints it).
@@ -64,8 +64,8 @@ def main():
     a = ap.parse_args()
     rows = ["| call | kernel | head_dim | seqlen | inputs | call median (us) | device total (us) | fix-up (us) | "
             "memsets (us) | fix-up + memsets share |", "|---|---|---|---|---|---|---|---|---|---|"]
-    plan = [("fwd", "sm80", 64), ("fwd", "sm80", 96), ("bwd", "auto", 64), ("bwd", "auto", 128),
-            ("bwd", "sm80", 128)]
+    plan = [("fwd", "sm80", 64), ("fwd", "sm80", 96), ("fwd", "sm80", 128), ("fwd", "sm80", 256), ("bwd", "auto", 64),
+            ("bwd", "auto", 128), ("bwd", "sm80", 128)]
     for kind, kernel, d in plan:
         for s, bad in ((512, False), (4096, False), (4096, True)):
             try:

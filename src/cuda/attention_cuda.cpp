@@ -176,7 +176,8 @@ LaunchInfo run_backward(const core::AttentionProblem& pr, BwdParams& p, const Ke
   p.deterministic = pr.deterministic;
   // Workspaces: dq accumulator, D and lse*log2(e), per-query-head dk/dv for GQA, turn counters (deterministic).
   DeviceBuffer dq_accum(static_cast<size_t>(pr.total_q * pr.num_heads * dround) * 4, st);
-  DeviceBuffer dsum(static_cast<size_t>(pr.total_q * pr.num_heads) * 4, st);
+  // dsum carries the non-finite fix-up's flag behind its last element (one allocation less per call).
+  DeviceBuffer dsum(pr.total_q > 0 ? static_cast<size_t>(pr.total_q * pr.num_heads + 1) * 4 : 0, st);
   DeviceBuffer lse2(static_cast<size_t>(pr.total_q * pr.num_heads) * 4, st);
   const size_t kv_accum_bytes = group > 1 ? static_cast<size_t>(pr.total_k * pr.num_heads * dround) * 4 : 0;
   DeviceBuffer dk_accum(kv_accum_bytes, st), dv_accum(kv_accum_bytes, st);
@@ -186,6 +187,7 @@ LaunchInfo run_backward(const core::AttentionProblem& pr, BwdParams& p, const Ke
   DeviceBuffer sem(pr.deterministic ? static_cast<size_t>(pr.batch * pr.num_heads * m_blocks) * 4 : 0, st);
   p.dq_accum = dq_accum.as<float>();
   p.dsum = dsum.as<float>();
+  p.nonfinite_flag = pr.total_q > 0 ? reinterpret_cast<int32_t*>(p.dsum + pr.total_q * pr.num_heads) : nullptr;
   p.lse_log2 = lse2.as<float>();
   p.dk_accum = dk_accum.as<float>();
   p.dv_accum = dv_accum.as<float>();

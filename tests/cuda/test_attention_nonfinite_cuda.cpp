@@ -5,8 +5,8 @@
 // output element with a float64 reference written from the definition (explicit mask, NaN-propagating max), and
 // the finite elements with the usual rule (2x / 3x the naive same-precision error), for the default family and
 // for sm80 (and, forward only, sm90ws) forced through AttentionOptions::kernel_family. Forward: causal, sliding
-// window, varlen, softcap, -inf logits, at head dim 128 and, for the sm80 kernels without an in-kernel rare path
-// (FwdMainloop::kExactNonFiniteRows), 64 and 96. Backward: non-finite q, k, v and dout without masking and on the
+// window, varlen, softcap, -inf logits, at head dim 128 and, for the sm80 forward (no in-kernel rare path:
+// FwdMainloop::kExactNonFiniteRows is off, the fix-up kernel covers it), also 64 and 96. Backward: non-finite q, k, v and dout without masking and on the
 // boundary tiles (causal diagonal, window edges, varlen sequence ends) where the masked rows/keys of the same tile
 // must stay finite (the fix-up of common/nonfinite_fixup.cuh), GQA and MHA, deterministic and atomic dQ, softcap, at
 // head dims 128 and 64.
@@ -429,7 +429,7 @@ TEST(CudaNonFiniteSm90ws, ForwardFollowsTheDefinition) {
 }
 TEST(CudaNonFinite, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::automatic); }
 TEST(CudaNonFiniteSm80, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::sm80); }
-// The sm80 forward of head dims 64 and 96 (4 warps x 32 rows) has no in-kernel rare path: the fix-up kernel covers it.
+// The sm80 forward has no in-kernel rare path (the fix-up kernel covers it): its other tile configurations.
 TEST(CudaNonFiniteSm80, ForwardHeadDim64FollowsTheDefinition) { run_all(forward_cases(), KernelFamily::sm80, 64); }
 TEST(CudaNonFiniteSm80, ForwardHeadDim96FollowsTheDefinition) { run_all(forward_cases(), KernelFamily::sm80, 96); }
 // hd96 on Hopper: `auto` runs sm80 (no sm90 kernel); hd64: sm90 / sm90ws.

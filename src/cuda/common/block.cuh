@@ -46,6 +46,8 @@ struct FwdBlock {
     n_min = static_cast<int>(key_first / kBlockN);
     n_max = key_last > key_first ? static_cast<int>((key_last + kBlockN - 1) / kBlockN) : n_min;
   }
+  /// True when row i (in the sequence) sees no key under the mask rule.
+  __device__ __forceinline__ bool row_empty(int i) const { return rule.row_first(i) >= rule.row_last(i); }
   /// True when K/V block n is a boundary tile (diagonal, window edge or past seqlen_k): element masks needed.
   template <int kBlockN>
   __device__ __forceinline__ bool needs_mask(int n) const {

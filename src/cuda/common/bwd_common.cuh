@@ -95,23 +95,6 @@ __device__ __forceinline__ void bwd_add_dq(const BwdParams& p, float* dq_thread,
     }
 }
 
-/// Stores dK (already scaled) and dV for key row jl (block-relative, < rows) and columns c, c + 1 (c < head_dim): in the
-/// output dtype when every query head has its own K/V head, else in float32 per query head for the GQA reduction.
-template <class T>
-__device__ __forceinline__ void bwd_store_dkdv(const BwdParams& p, const SeqInfo& si, int b, int h, int hk, int n0,
-                                               int jl, int c, float k0, float k1, float v0, float v1) {
-  if (p.num_heads == p.num_heads_kv) {
-    T* dkg = static_cast<T*>(p.dk) + b * p.dk_s.batch + (si.k_row0 + n0 + jl) * p.dk_s.row + hk * p.dk_s.head;
-    T* dvg = static_cast<T*>(p.dv) + b * p.dv_s.batch + (si.k_row0 + n0 + jl) * p.dv_s.row + hk * p.dv_s.head;
-    *reinterpret_cast<uint32_t*>(dkg + c) = pack2<T>(k0, k1);
-    *reinterpret_cast<uint32_t*>(dvg + c) = pack2<T>(v0, v1);
-  } else {
-    const int64_t off = (global_row_k(p, si, b, n0 + jl) * p.num_heads + h) * p.head_dim_rounded + c;
-    *reinterpret_cast<float2*>(p.dk_accum + off) = make_float2(k0, k1);
-    *reinterpret_cast<float2*>(p.dv_accum + off) = make_float2(v0, v1);
-  }
-}
-
 /// Shared memory of a backward CTA: Q and dO of two query blocks (double buffer), the key block's K and V, P^T and
 /// dS^T (16-bit) and lse*log2(e) / D of two query blocks. `kAlign` extra bytes for a base that must be realigned.
 template <class TileQ, class TileK, class TileP, int kBlockM, int kAlign = 0>
@@ -229,27 +212,63 @@ __device__ __forceinline__ void bwd_p_ds(Frag<kRT, kCT> s, Frag<kRT, kCT> dp, co
 }
 
 /// Epilogue: dK (scaled by softmax_scale) and dV of this thread, fragments (a, dt, hh, e) at key row
-/// key_row0 + 16a + 8hh + g and column col0 + 8dt + 2t + e of the block. A non-finite value stored (a boundary tile's
-/// masked 0 x inf leaks only as one; or a legitimate one) sets the fix-up's flag (common/nonfinite_fixup.cuh).
+/// key_row0 + 16a + 8hh + g and column col0 + 8dt + 2t + e of the block; rows past rows_k and columns past head_dim
+/// are not stored. In the output dtype when every query head has its own K/V head, else in float32 per query head
+/// (dk_accum / dv_accum) for the GQA reduction. Addresses: one 64-bit row offset per (a, hh), constant column offsets;
+/// no per-element tests when the thread's rows and columns all exist. A non-finite value stored (a boundary tile's
+/// masked 0 x inf leaks only as one; or a legitimate one) sets the fix-up's flag (common/nonfinite_fixup.cuh): one
+/// FSETP per stored element.
 template <class T, int kRT, int kCT>
 __device__ __forceinline__ void bwd_store_dkdv_frags(const BwdParams& p, const BwdBlock& blk, Frag<kRT, kCT> dk,
                                                      Frag<kRT, kCT> dv, int key_row0, int col0, int g, int t) {
+  const float scale = p.softmax_scale;
+  const int c0 = col0 + 2 * t;
+  const bool all_rows = key_row0 + 16 * kRT <= blk.rows_k;
+  const bool all_cols = col0 + 8 * kCT <= p.head_dim;
   bool bad = false;
+  // pass(store_pair, row_ptrs): row_ptrs(jl) -> the row's addresses at column c0; store_pair(rows, column offset,
+  // dk pair, dv pair).
+  auto pass = [&](auto store_pair, auto row_ptrs) {
 #pragma unroll
-  for (int a = 0; a < kRT; ++a)
-#pragma unroll
-    for (int dt = 0; dt < kCT; ++dt)
+    for (int a = 0; a < kRT; ++a)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int jl = key_row0 + a * 16 + g + 8 * hh;
-        const int c = col0 + dt * 8 + 2 * t;
-        if (jl >= blk.rows_k || c >= p.head_dim) continue;
-        const float k0v = dk(a, dt, hh, 0) * p.softmax_scale, k1v = dk(a, dt, hh, 1) * p.softmax_scale;
-        bad |= !(fabsf(k0v) < INFINITY) || !(fabsf(k1v) < INFINITY) || !(fabsf(dv(a, dt, hh, 0)) < INFINITY) ||
-               !(fabsf(dv(a, dt, hh, 1)) < INFINITY);
-        bwd_store_dkdv<T>(p, blk.si, blk.b, blk.h, blk.hk, blk.n0, jl, c, k0v, k1v, dv(a, dt, hh, 0),
-                          dv(a, dt, hh, 1));
+        if (!all_rows && jl >= blk.rows_k) continue;
+        const auto rows = row_ptrs(jl);
+#pragma unroll
+        for (int dt = 0; dt < kCT; ++dt) {
+          if (!all_cols && c0 + dt * 8 >= p.head_dim) continue;
+          const float k0 = dk(a, dt, hh, 0) * scale, k1 = dk(a, dt, hh, 1) * scale;
+          const float v0 = dv(a, dt, hh, 0), v1 = dv(a, dt, hh, 1);
+          bad |= !(fabsf(k0) < INFINITY) || !(fabsf(k1) < INFINITY) || !(fabsf(v0) < INFINITY) ||
+                 !(fabsf(v1) < INFINITY);
+          store_pair(rows, dt * 8, k0, k1, v0, v1);
+        }
       }
+  };
+  const int64_t krow0 = blk.si.k_row0 + blk.n0;  // first key row of the block in the (packed) k tensor
+  if (p.num_heads == p.num_heads_kv) {
+    T* dk0 = static_cast<T*>(p.dk) + blk.b * p.dk_s.batch + krow0 * p.dk_s.row + blk.hk * p.dk_s.head + c0;
+    T* dv0 = static_cast<T*>(p.dv) + blk.b * p.dv_s.batch + krow0 * p.dv_s.row + blk.hk * p.dv_s.head + c0;
+    struct Rows {
+      T* k;
+      T* v;
+    };
+    pass([&](Rows rows, int off, float k0, float k1, float v0, float v1) {
+           *reinterpret_cast<uint32_t*>(rows.k + off) = pack2<T>(k0, k1);
+           *reinterpret_cast<uint32_t*>(rows.v + off) = pack2<T>(v0, v1);
+         },
+         [&](int jl) { return Rows{dk0 + jl * p.dk_s.row, dv0 + jl * p.dv_s.row}; });
+  } else {
+    const int64_t stride = static_cast<int64_t>(p.num_heads) * p.head_dim_rounded;  // per key row
+    const int64_t off0 = (global_row_k(p, blk.si, blk.b, blk.n0) * p.num_heads + blk.h) * p.head_dim_rounded + c0;
+    pass([&](int64_t row, int off, float k0, float k1, float v0, float v1) {
+           *reinterpret_cast<float2*>(p.dk_accum + row + off) = make_float2(k0, k1);
+           *reinterpret_cast<float2*>(p.dv_accum + row + off) = make_float2(v0, v1);
+         },
+         [&](int jl) { return off0 + jl * stride; });
+  }
   if (bad && p.nonfinite_flag != nullptr) *p.nonfinite_flag = 1;
 }
 

@@ -134,11 +134,12 @@ __global__ void bwd_reduce_kv_kernel(const BwdParams p) {
 template <class Cfg, class T>
 void run_bwd_with(const BwdParams& params, cudaStream_t stream, void (*plain)(BwdParams), void (*softcap)(BwdParams)) {
   require_smem(Cfg::kSmemBytes, "backward", Cfg::kHeadDim);  // before anything is launched
-  // The fix-up's flag: zeroed by the preprocess, set by the dk/dv epilogue and the dq conversion (stream-ordered
-  // allocation, freed after the fix-up has run). Without query rows there is nothing to fix (every gradient is 0).
-  DeviceBuffer flag(params.total_q > 0 ? sizeof(int32_t) : 0, stream);
+  // The fix-up's flag: zeroed by the preprocess, set by the dk/dv epilogue and the dq conversion. The caller may pass
+  // one (attention_cuda.cpp: behind dsum's last element), else a stream-ordered allocation freed after the fix-up has
+  // run. Without query rows there is nothing to fix (every gradient is 0).
+  DeviceBuffer flag(params.total_q > 0 && params.nonfinite_flag == nullptr ? sizeof(int32_t) : 0, stream);
   BwdParams p = params;
-  p.nonfinite_flag = flag.as<int32_t>();
+  if (p.nonfinite_flag == nullptr) p.nonfinite_flag = flag.as<int32_t>();
   if (p.total_q > 0) {
     const int64_t threads = p.total_q * p.num_heads * attn::preprocess_lanes(p.head_dim);
     attn::bwd_preprocess_kernel<T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);

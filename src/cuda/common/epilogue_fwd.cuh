@@ -4,8 +4,10 @@
 //
 // A row with no visible key (mask rule) stores out = 0 and lse = -inf; every other row is IEEE (OnlineSoftmax::
 // finalize): NaN or +inf scores and non-finite V values of visible keys give non-finite outputs. A row whose O holds a
-// non-finite element (a legitimate one, or 0 * inf from a masked key in a boundary tile's P V) is recomputed exactly
-// by its warp afterwards (common/nonfinite.cuh); rows without non-finite values never take that path.
+// non-finite element (a legitimate one, or 0 * inf from a masked key in a boundary tile's P V) is flagged, and
+// recomputed exactly afterwards (common/nonfinite.cuh: by its warp, or by the fix-up kernel of a mainloop without the
+// in-kernel rare path); rows without non-finite values never take that path. What the common path adds to a plain
+// store: one FSETP per O element and one vote per warp (the mask rule is evaluated only for rows with l = 0).
 #pragma once
 
 #include <cmath>
@@ -65,12 +67,14 @@ struct EpilogueFwd {
     Flagged fl;
     fl.any = false;
     constexpr int kChunks = kStageCols / 8;
-    // Columns [pass * kStageCols, +kStageCols) of the rows (mt, hh) -> the staging rows.
-    auto stage = [&](int pass, int mt, int hh, bool empty, float inv) {
+    // Columns [pass * kStageCols, +kStageCols) of the rows (mt, hh) -> the staging rows. An empty row has inv = 0, so
+    // a finite O (which is 0 there: every P of it is exp2(-inf) = 0) stores 0; a non-finite one (0 * inf of a masked
+    // key) is flagged below and rewritten by the rare path. No per-element select.
+    auto stage = [&](int pass, int mt, int hh, float inv) {
       const int r = stage_row0 + mt * 16 + g + 8 * hh;
 #pragma unroll
       for (int dt = pass * kChunks; dt < (pass + 1) * kChunks; ++dt) {
-        const float a = empty ? 0.f : o(mt, dt, hh, 0) * inv, c = empty ? 0.f : o(mt, dt, hh, 1) * inv;
+        const float a = o(mt, dt, hh, 0) * inv, c = o(mt, dt, hh, 1) * inv;
         *reinterpret_cast<uint32_t*>(smem + TileQ::offset_elem(r, (dt - pass * kChunks) * 8 + 2 * t)) =
             pack2<T>(a, c);
       }
@@ -79,38 +83,57 @@ struct EpilogueFwd {
     auto copy_out = [&](int pass) {
       __syncwarp();
       for (int idx = lane; idx < 16 * kMT * kChunks; idx += 32) {
-        const int rr = idx / kChunks, c = idx % kChunks;
+        const int rr = idx / kChunks, c = idx % kChunks, r = row0 + rr;
         const int col = pass * kStageCols + c * 8;
-        if (m0 + row0 + rr < blk.si.seqlen_q && col < p.head_dim) {
+        if (m0 + r < blk.si.seqlen_q && col < p.head_dim) {
           const uint4 val = *reinterpret_cast<const uint4*>(smem + TileQ::offset(stage_row0 + rr, c));
-          *reinterpret_cast<uint4*>(og + (row0 + rr) * p.out_s.row + col) = val;
+          *reinterpret_cast<uint4*>(og + r * p.out_s.row + col) = val;
         }
       }
     };
-    float inv_keep[kPasses > 1 ? kMT : 1][2];
-    bool empty_keep[kPasses > 1 ? kMT : 1][2];
+    // A row without a visible key has l = 0, and so has a row whose visible scores are all -inf (which stays NaN): the
+    // mask rule tells them apart, evaluated only in a warp that holds a row with l = 0 (rare).
+    float l[kMT][2];
+    bool maybe_empty = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int i = m0 + row0 + mt * 16 + g + 8 * hh;
-        const bool empty = blk.rule.row_first(i) >= blk.rule.row_last(i);  // no visible key
+        l[mt][hh] = softmax.total(mt, hh);
+        maybe_empty |= !(l[mt][hh] > 0.f);
+      }
+    bool empty[kMT][2] = {};
+    if (__any_sync(0xffffffffu, maybe_empty)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          empty[mt][hh] = !(l[mt][hh] > 0.f) && blk.row_empty(m0 + row0 + mt * 16 + g + 8 * hh);
+        }
+    }
+    float inv_keep[kPasses > 1 ? kMT : 1][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        // m0 + (block row), here and in copy_out: written as (m0 + row0) + ..., the same sum moves 3 spill loads into
+        // the 255-register sm80 hd256 128 x 128 kernel's hot loop (bench/results/sm80-speed-2026-12-01.md, merge).
+        const int i = m0 + (row0 + mt * 16 + g + 8 * hh);
         float inv, lse;
-        softmax.finalize(mt, hh, scale_log2, empty, inv, lse);
-        inv *= out_scale;
+        softmax.finalize(mt, hh, l[mt][hh], scale_log2, empty[mt][hh], inv, lse, out_scale);  // empty: inv = 0
+        // Non-finite test: one FSETP (|x| < inf, NaN compares false) per element, accumulated in a predicate.
         bool bad = false;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
-          bad |= (__float_as_uint(o(mt, dt, hh, 0)) & 0x7F800000u) == 0x7F800000u;
-          bad |= (__float_as_uint(o(mt, dt, hh, 1)) & 0x7F800000u) == 0x7F800000u;
+          bad |= !(fabsf(o(mt, dt, hh, 0)) < INFINITY);
+          bad |= !(fabsf(o(mt, dt, hh, 1)) < INFINITY);
         }
         fl.ballot[mt][hh] = __ballot_sync(0xffffffffu, bad);
         fl.any |= fl.ballot[mt][hh] != 0u;
         if constexpr (kPasses == 1) {
-          stage(0, mt, hh, empty, inv);
+          stage(0, mt, hh, inv);
         } else {
           inv_keep[mt][hh] = inv;
-          empty_keep[mt][hh] = empty;
         }
         if (p.lse != nullptr && t == 0 && i < blk.si.seqlen_q) {
           const int64_t row = (p.cu_seqlens_q != nullptr ? blk.si.q_row0 : 0) + i;
@@ -126,7 +149,7 @@ struct EpilogueFwd {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) stage(pass, mt, hh, empty_keep[mt][hh], inv_keep[mt][hh]);
+          for (int hh = 0; hh < 2; ++hh) stage(pass, mt, hh, inv_keep[mt][hh]);
         copy_out(pass);
       }
     }

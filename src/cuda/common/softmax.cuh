@@ -97,13 +97,17 @@ struct OnlineSoftmax {
     }
   }
 
-  /// Row (mt, hh): the output factor and the natural-log lse. `empty`: the row sees no key (mask rule) -> inv = 0 and
-  /// lse = -inf; the caller stores 0 for it. Otherwise IEEE: inv = 1/l (l = NaN or 0 give NaN outputs), and lse is NaN
-  /// when m = -inf (every visible score -inf) or l = NaN.
-  __device__ __forceinline__ void finalize(int mt, int hh, float scale_log2, bool empty, float& inv, float& lse) const {
-    const float l = quad_sum(row_sum[mt][hh]);
+  /// Row (mt, hh)'s sum l over the whole row (the quad's partial sums added).
+  __device__ __forceinline__ float total(int mt, int hh) const { return quad_sum(row_sum[mt][hh]); }
+
+  /// Row (mt, hh) with l = total(mt, hh): the output factor and the natural-log lse. `empty`: the row sees no key
+  /// (mask rule) -> inv = 0 (whatever out_scale is) and lse = -inf, so that the caller's O * inv stores 0 for it.
+  /// Otherwise IEEE: inv = (1/l) * out_scale (the FP8 kernels' v descale; l = NaN or 0 give NaN outputs), and lse is
+  /// NaN when m = -inf (every visible score -inf) or l = NaN.
+  __device__ __forceinline__ void finalize(int mt, int hh, float l, float scale_log2, bool empty, float& inv,
+                                           float& lse, float out_scale = 1.f) const {
     const float m = row_max[mt][hh];
-    inv = empty ? 0.f : 1.f / l;
+    inv = empty ? 0.f : (1.f / l) * out_scale;
     lse = empty ? -INFINITY
                 : (m == -INFINITY ? NAN : (m * scale_log2 + (log2f(l) - kMaxOffset)) * 0.69314718055994531f);
   }

@@ -5,7 +5,8 @@
 // and GQA reduction around it are the shared driver (common/bwd_driver.cuh).
 //
 // Mainloop contract: kThreads, kBlockM, kBlockN, kCompiled, shared_memory(), Accum (dk()/dv() fragment views),
-// dkdv_key_row0() / dkdv_col0() (where the thread's fragments sit in the block), run(p, blk, smem, acc).
+// dkdv_key_row0(tid) / dkdv_col0(tid) (where thread tid's fragments sit in the block), kEpilogueRebuildsBlock,
+// run(p, blk, smem, acc).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,9 +32,21 @@ __global__ void __launch_bounds__(Mainloop::kThreads, 1) bwd_kernel(const BwdPar
     typename Mainloop::Accum acc;
     Mainloop::run(p, blk, smem, acc);
     attn::cp_async_wait<0>();
-    const int lane = threadIdx.x % 32;
-    attn::bwd_store_dkdv_frags<T>(p, blk, acc.dk(), acc.dv(), Mainloop::dkdv_key_row0(), Mainloop::dkdv_col0(),
-                                  lane / 4, lane % 4);
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+    if constexpr (Mainloop::kEpilogueRebuildsBlock) {
+      // The epilogue's block info re-derived from an opaque copy of the key-block index, so that none of its address
+      // arithmetic is merged with (and kept live through) the mainloop's (see the mainloop's kEpilogueRebuildsBlock).
+      attn::TileCoord c = Scheduler::tile();
+      asm volatile("" : "+r"(c.block));
+      attn::BwdBlock eb = attn::BwdBlock::make<Mainloop::kBlockN>(p, c);  // the epilogue reads b, h, hk, n0, rows_k, si
+      eb.rows_k = min(Mainloop::kBlockN, eb.si.seqlen_k - eb.n0);
+      eb.hk = eb.h;  // read only where num_heads == num_heads_kv (bwd_store_dkdv_frags), i.e. hk == h
+      attn::bwd_store_dkdv_frags<T>(p, eb, acc.dk(), acc.dv(), Mainloop::dkdv_key_row0(tid),
+                                    Mainloop::dkdv_col0(tid), lane / 4, lane % 4);
+    } else {
+      attn::bwd_store_dkdv_frags<T>(p, blk, acc.dk(), acc.dv(), Mainloop::dkdv_key_row0(tid),
+                                    Mainloop::dkdv_col0(tid), lane / 4, lane % 4);
+    }
   }
 }
 

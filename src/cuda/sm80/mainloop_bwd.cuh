@@ -62,6 +62,12 @@ struct BwdMainloop {
   static constexpr int kThreads = Cfg::kThreads, kMC = Cfg::kMC, kDC = Cfg::kDC, kQC = Cfg::kQC;
   static constexpr int kNT1 = Cfg::kNT1, kNT2 = Cfg::kNT2, kMT3 = Cfg::kMT3;
   static constexpr bool kCompiled = true;
+  /// The dK/dV epilogue rebuilds its block info from an opaque copy of the key-block index instead of reusing the
+  /// mainloop's (kernel/bwd_kernel.cuh). Which is better is a register-allocation outcome of these 255-register
+  /// kernels, chosen per head dim from the SASS of the hot loop (nvcc 13.0, sm_90a; bench/gpu/tune/sass_compare.py,
+  /// bench/results/sm80-speed-2026-12-01.md): hd256 loses every spill with it (its loop bodies 5 instructions and 3
+  /// LDL shorter than the previous release's), the other head dims keep an equal or tighter loop without it.
+  static constexpr bool kEpilogueRebuildsBlock = kHeadDim == 256;
   using TileQ = typename Cfg::TileQ;
   using TileK = typename Cfg::TileK;
   using TileP = typename Cfg::TileP;
@@ -77,9 +83,9 @@ struct BwdMainloop {
     extern __shared__ __align__(128) char smem[];
     return smem;
   }
-  /// The epilogue's view of this thread's dK/dV: phase-2 warp tiles (key rows x head-dim columns).
-  __device__ __forceinline__ static int dkdv_key_row0() { return (static_cast<int>(threadIdx.x) / 32 % Cfg::kNW2) * kNT2 * 16; }
-  __device__ __forceinline__ static int dkdv_col0() { return (static_cast<int>(threadIdx.x) / 32 / Cfg::kNW2) * kDC; }
+  /// The epilogue's view of thread tid's dK/dV: phase-2 warp tiles (key rows x head-dim columns).
+  __device__ __forceinline__ static int dkdv_key_row0(int tid) { return (tid / 32 % Cfg::kNW2) * kNT2 * 16; }
+  __device__ __forceinline__ static int dkdv_col0(int tid) { return (tid / 32 / Cfg::kNW2) * kDC; }
 
   __device__ __forceinline__ static void run(const BwdParams& p, const BwdBlock& blk, char* smem, Accum& acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

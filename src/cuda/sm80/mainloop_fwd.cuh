@@ -55,11 +55,12 @@ struct FwdMainloop {
   static constexpr int kDT = kHeadDim / 8;  // 8-column tiles of O
   static constexpr bool kCompiled = true;
   /// Whether the kernel carries the exact rare path for rows that a non-finite input reaches (common/nonfinite.cuh).
-  /// Off only where its mere presence (an out-of-line call) changes this mainloop's register allocation: the 4-warp
-  /// 128-row configurations of head dims 64 (128 x 128) and 96 (128 x 64) sit at 255 registers and their hot loops
-  /// spill with it (bench/results/sass-restructure-2026-12-01.md). Those kernels only flag a call whose out holds a
-  /// non-finite row, and launch_fwd's fix-up kernel recomputes such rows exactly (common/nonfinite_fixup.cuh).
-  static constexpr bool kExactNonFiniteRows = !(kMT == 2 && (kHeadDim == 64 || kHeadDim == 96));
+  /// Off for every sm80 configuration: the mere presence of that out-of-line call changes the register allocation of
+  /// these 255-register mainloops (hd64 / hd96: spills in the hot loop; hd128 / hd256: with it, small epilogue changes
+  /// moved up to 14 spill loads per K/V block into the hot loop), so the sm80 kernels only flag a call whose out holds
+  /// a non-finite row and launch_fwd's fix-up kernel recomputes such rows exactly (common/nonfinite_fixup.cuh). Their
+  /// hot loops' SASS is then that of the previous release's kernels (bench/results/sm80-speed-2026-12-01.md).
+  static constexpr bool kExactNonFiniteRows = false;
   using Element = T;
   using TileQ = typename Cfg::TileQ;
   using TileKV = typename Cfg::TileKV;

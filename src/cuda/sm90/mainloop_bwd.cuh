@@ -73,12 +73,13 @@ struct BwdMainloop {
     const uint32_t raw = smem_addr(smem_raw);
     return smem_raw + (((raw + 1023u) & ~1023u) - raw);
   }
-  /// The epilogue's view of this thread's dK/dV: rows k2 + wrow + g + 8*hh, columns d2 + 8*j + 2t.
-  __device__ __forceinline__ static int dkdv_key_row0() {
-    const int warp = threadIdx.x / 32, wg = warp / 4;
+  static constexpr bool kEpilogueRebuildsBlock = false;  ///< see sm80/mainloop_bwd.cuh
+  /// The epilogue's view of thread tid's dK/dV: rows k2 + wrow + g + 8*hh, columns d2 + 8*j + 2t.
+  __device__ __forceinline__ static int dkdv_key_row0(int tid) {
+    const int warp = tid / 32, wg = warp / 4;
     return 64 * (wg % Cfg::kP2KeyWG) + (warp % 4) * 16;
   }
-  __device__ __forceinline__ static int dkdv_col0() { return kN2 * (static_cast<int>(threadIdx.x) / 128 / Cfg::kP2KeyWG); }
+  __device__ __forceinline__ static int dkdv_col0(int tid) { return kN2 * (tid / 128 / Cfg::kP2KeyWG); }
 
   __device__ __forceinline__ static void run(const BwdParams& p, const BwdBlock& blk, char* smem, Accum& acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
