@@ -72,6 +72,29 @@ struct EngineOptions {
   /// remove_sequence; a prefill / extend / decode whose new tokens need more pages than are free throws CapacityError
   /// before anything is computed or written. >= 0.
   int64_t kv_capacity_pages = 0;
+  /// Device::cuda only (ignored on the CPU): capture each decode step (every sequence one token) into a CUDA graph
+  /// and replay it. Graphs are kept per bucket — batch size, page-table stride (the longest sequence's pages rounded
+  /// up to a power of two) and the split-KV count the decode's heuristic picks — and every per-step value (token ids,
+  /// positions, lengths, page tables) is read from device tables uploaded before the replay, so a bucket's graph
+  /// replays the same kernels with the same arguments as launching them one by one would: the results are identical
+  /// with graphs on or off. A step outside every held bucket is captured on first sight (at most 64 graphs are kept,
+  /// least recently used dropped); a step whose capture fails runs eagerly and the capture is retried on the bucket's
+  /// next steps (three failures in all leave the bucket eager) — counted and named in Engine::cuda_graph_stats() and
+  /// printed with FLASHKV_LOG=1, never silent. false: every step is launched kernel
+  /// by kernel (the A/B baseline; the same device tables, batched appends and single synchronization per step).
+  /// Prefill and extend calls always run eagerly.
+  bool cuda_graphs = true;
+};
+
+/// How the CUDA engine ran its decode steps (EngineOptions::cuda_graphs); all zero on the CPU.
+struct CudaGraphStats {
+  int64_t graph_steps = 0;       ///< decode steps replayed from a captured graph
+  int64_t eager_steps = 0;       ///< decode steps launched kernel by kernel (graphs off, or a failed capture)
+  int64_t captures = 0;          ///< graphs captured and instantiated (one per bucket first seen)
+  int64_t capture_failures = 0;  ///< captures that failed (their step ran eagerly; a bucket retries up to 3 times)
+  int64_t evictions = 0;         ///< graphs dropped (least recently used) to keep at most 64
+  int32_t graphs = 0;            ///< executable graphs held now
+  std::string last_capture_error;  ///< why the last failed capture failed ("" if none did)
 };
 
 /// Parses a device name into EngineOptions::device / device_index (other fields keep their defaults): "cpu", "cuda"
@@ -86,7 +109,9 @@ EngineOptions parse_engine_device(const std::string& device, const std::string& 
 /// Throws Error naming 'kv_cache_dtype', 'page_size', 'max_context', 'options.kv_capacity_pages', ... for a spec the
 /// cache rejects (e.g. a KIVI group that does not divide head_dim); UnsupportedError for a device / spec this build or
 /// machine cannot run (see EngineOptions).
-/// Not thread-safe; each call is internally parallel (OpenMP/BLAS on the CPU, the CUDA device's default stream).
+/// Not thread-safe; each call is internally parallel (OpenMP/BLAS on the CPU; on CUDA the engine's own stream, a
+/// prefill / extend / decode returning once its work is enqueued: sample(), a non-empty logits_out or the next call
+/// waits for it).
 class Engine {
  public:
   Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequences = 1, int32_t max_context = 0,
@@ -129,7 +154,11 @@ class Engine {
   /// cache, then attends over the cache (packed pages, quantized formats dequantized on the fly).
   /// logits_out: [B, vocab], or empty (the logits stay in the engine, on its device, for sample()). Throws Error when a
   /// sequence is full (max_context), a token is out of range or an id repeats; CapacityError when the sequences that
-  /// start a new page need more pages than are free (checked before anything is computed or written).
+  /// start a new page need more pages than are free (checked before anything is computed or written). On CUDA the
+  /// K / V the model computed are checked for values the cache cannot store (non-finite; beyond fp16 where it stores
+  /// fp16) inside the append kernels: an Error naming k / v, the layer, the sequence and the element is thrown by
+  /// the first call that waits for the step (sample(), this call with logits_out, or the next prefill / extend /
+  /// decode) — the CPU engine throws it from the step itself.
   void decode(std::span<const int32_t> seqs, std::span<const int32_t> tokens, std::span<float> logits_out);
 
   /// Draws one token per row of the logits the last prefill / extend / decode call produced (prefill / extend: its
@@ -155,6 +184,9 @@ class Engine {
   void append_synthetic(int32_t seq, int32_t n_tokens, uint64_t seed = 0);
 
   KVMemory memory() const;
+
+  /// The CUDA engine's graph counters (EngineOptions::cuda_graphs); all zero on the CPU.
+  CudaGraphStats cuda_graph_stats() const;
 
  private:
   struct Impl;
@@ -182,8 +214,9 @@ struct GenerationResult {
   std::vector<std::vector<float>> logits;  ///< per generated step [vocab] when keep_logits was set
   StopReason stop = StopReason::steps;
   int32_t stop_token = -1;             ///< the end-of-generation token sampled (StopReason bos/eos), else −1
-  double prefill_seconds = 0.0;
-  double decode_seconds = 0.0;         ///< decode steps only (excludes prefill and sampling of the first token)
+  double prefill_seconds = 0.0;        ///< the prefill / extend of the prompt with the sampling of the first token
+  /// decode steps: each decode() with the sampling of its token (excludes the prefill and the first token's sampling)
+  double decode_seconds = 0.0;
   int32_t decode_steps = 0;
   KVMemory kv;                         ///< measured at the end, before the sequence is released
 };

@@ -98,6 +98,10 @@
 
 namespace flashkv {
 
+namespace kv {
+struct CacheAccess;
+}
+
 /// Storage format of one cache half. Values are stable (kv::KVFormatId of src/kvcache/format/traits.hpp mirrors them):
 /// never renumber.
 enum class KVFormat : int32_t {
@@ -244,6 +248,16 @@ class PagedKVCache {
   /// pages this append needs (naming the pages needed and free) or memory for a growing pool runs out.
   void append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v);
 
+  /// Batched append: k, v [batch, n_tokens, num_heads_kv, head_dim] (dtypes, devices and strides as append(); the last
+  /// dim contiguous): block b is appended to sequence seq_ids[b] (batch = seq_ids.size(), distinct registered ids).
+  /// The cache ends up byte for byte as after append(seq_ids[b], layer, k[b], v[b]) for b = 0, 1, ... in order (the
+  /// same pages, codes and metadata). A device cache (no windows, KIVI keys or rotation) fed CUDA k / v writes all the
+  /// blocks with one page-table upload and one kernel launch (the values checked on the device first); otherwise the
+  /// blocks are appended in turn. Errors as append(), plus Error 'seq_ids' (unknown or repeated id, or a count other
+  /// than k.shape[0]); every check — ids, shapes, values, the pages all blocks need — comes before anything is
+  /// modified (the cache is unchanged after any error).
+  void append(std::span<const int64_t> seq_ids, int32_t layer, const TensorView& k, const TensorView& v);
+
   /// Tokens cached for `seq_id` in `layer`. Error for unknown sequence / layer.
   int64_t seq_len(int64_t seq_id, int32_t layer = 0) const;
 
@@ -280,6 +294,7 @@ class PagedKVCache {
   struct Impl;
 
  private:
+  friend struct kv::CacheAccess;  // src/kvcache/cache/cache_impl.hpp: the library's internal step API
   friend DecodePlan plan_decode(const PagedKVCache&, std::span<const int64_t>, std::span<const int32_t>, int64_t,
                                 int32_t, const DecodeOptions&);
   friend void run_decode(const PagedKVCache&, DecodePlan&, int32_t, const TensorView&, const TensorView&,

@@ -123,7 +123,7 @@ void run_batched(const BenchEngineArgs& a) {
                        {"vocab_size", mc.vocab_size}, {"seq_len", mc.seq_len},
                        {"shared_classifier", mc.shared_classifier}};
   j["load_seconds"] = load_seconds;
-  j["config"] = {{"protocol", "batched decode"}, {"device", a.device.device}, {"fill", a.fill},
+  j["config"] = {{"protocol", "batched decode"}, {"device", a.device.device}, {"cuda_graphs", a.device.cuda_graphs}, {"fill", a.fill},
                  {"contexts", o.contexts}, {"batches", a.batch}, {"warmup", o.warmup}, {"n_gen", o.n_gen},
                  {"point_seconds", o.point_seconds}, {"batch_cap", o.batch_cap}, {"kv_pool_bytes", o.pool_bytes},
                  {"capacity_context", o.capacity_context}, {"probe_cap", o.probe_cap}, {"page_size", a.page_size},
@@ -160,16 +160,17 @@ void run(const BenchEngineArgs& a) {
   nlohmann::json j = eval::run_info();
   std::fprintf(stderr, "[bench engine] %s on %s, %d threads, %s\n", a.model.c_str(), a.device.device.c_str(),
                omp_get_max_threads(), eval::load_average().c_str());
-  const auto rows = eval::run_speed(lm.model, specs, o, [](const eval::SpeedRow& r) {
-    std::fprintf(stderr, "[bench engine] %-22s ctx %5d: pp %7.1f tok/s, tg %6.1f tok/s  (%s)\n", r.label.c_str(),
-                 r.context, r.pp_mean, r.tg_mean, eval::load_average().c_str());
+  const auto rows = eval::run_speed(lm.model, specs, o, [&a](const eval::SpeedRow& r) {
+    std::fprintf(stderr, "[bench engine] %-22s ctx %5d: pp %7.1f tok/s, tg %6.1f tok/s  (%s)%s%s\n", r.label.c_str(),
+                 r.context, r.pp_mean, r.tg_mean, eval::load_average().c_str(), a.device.cuda() ? "; " : "",
+                 a.device.cuda() ? cli::cuda_graph_summary(a.device, r.graphs).c_str() : "");
   });
   std::printf("flashkv bench engine: %s on %s; %d threads; per context C: depth D = C - %d - %d prefilled, then tg = %d "
               "decode steps (D..D+%d), pp = %d tokens prefilled through the cache (..C); %d repetition(s)\n\n",
               a.model.c_str(), a.device.device.c_str(), omp_get_max_threads(), o.n_gen, o.n_prompt, o.n_gen, o.n_gen, o.n_prompt, o.repeats);
   std::fputs(eval::speed_table(rows).c_str(), stdout);
   j["model"] = a.model;
-  j["config"] = {{"device", a.device.device}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"repeats", o.repeats}, {"ubatch", o.ubatch},
+  j["config"] = {{"device", a.device.device}, {"cuda_graphs", a.device.cuda_graphs}, {"n_prompt", o.n_prompt}, {"n_gen", o.n_gen}, {"repeats", o.repeats}, {"ubatch", o.ubatch},
                  {"threads", omp_get_max_threads()}};
   j["results"] = eval::speed_to_json(rows);
   j["machine"]["load_average_at_end"] = eval::load_average();

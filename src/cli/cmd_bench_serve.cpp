@@ -68,9 +68,11 @@ void run(const BenchServeArgs& a) {
   std::vector<KVCacheSpec> specs = cli::parse_kv_list(a.kv_cache, defaults, lm.model.config.head_dim);
   if (specs.empty()) specs = cli::parse_kv_list({a.device.cuda() ? "bf16 int8 int4" : "fp32 bf16 int8 int4"}, defaults,
                                                 lm.model.config.head_dim);
-  const auto rows = eval::run_serve(lm.model, specs, o, [](const eval::ServeResult& r) {
-    std::fprintf(stderr, "[bench serve] %-12s decode %.1f tok/s, ITL p50 %.2f ms p99 %.2f ms, %d preempted\n",
-                 r.label.c_str(), r.decode_tokens_per_s, r.itl_ms_p50, r.itl_ms_p99, r.preemptions);
+  const auto rows = eval::run_serve(lm.model, specs, o, [&a](const eval::ServeResult& r) {
+    std::fprintf(stderr, "[bench serve] %-12s decode %.1f tok/s, ITL p50 %.2f ms p99 %.2f ms, %d preempted%s%s\n",
+                 r.label.c_str(), r.decode_tokens_per_s, r.itl_ms_p50, r.itl_ms_p99, r.preemptions,
+                 a.device.cuda() ? "; " : "",
+                 a.device.cuda() ? cli::cuda_graph_summary(a.device, r.graphs).c_str() : "");
   });
   std::printf("flashkv bench serve: %s on %s; %d requests arriving at t = 0, prompt %s / output %s tokens (uniform, "
               "seed %llu), at most %d sequences per decode step, greedy\n\n",
@@ -80,7 +82,7 @@ void run(const BenchServeArgs& a) {
   if (a.json.empty()) return;
   nlohmann::json j = eval::run_info();
   j["model"] = a.model;
-  j["config"] = {{"device", a.device.device}, {"requests", a.requests}, {"prompt_len", a.prompt_len},
+  j["config"] = {{"device", a.device.device}, {"cuda_graphs", a.device.cuda_graphs}, {"requests", a.requests}, {"prompt_len", a.prompt_len},
                  {"output_len", a.output_len}, {"max_batch", a.max_batch}, {"kv_pages", a.kv_pages}, {"seed", a.seed}};
   for (const eval::ServeResult& r : rows) {
     j["results"].push_back({{"kv_cache", r.label}, {"requests", r.requests}, {"prompt_tokens", r.prompt_tokens},
@@ -92,7 +94,8 @@ void run(const BenchServeArgs& a) {
                             {"max_batch_seen", r.max_batch_seen}, {"itl_ms_p50", r.itl_ms_p50},
                             {"itl_ms_p90", r.itl_ms_p90}, {"itl_ms_p99", r.itl_ms_p99}, {"itl_ms_max", r.itl_ms_max},
                             {"ttft_ms_p50", r.ttft_ms_p50}, {"ttft_ms_p99", r.ttft_ms_p99},
-                            {"kv_pool_pages", r.kv_pool_pages}, {"kv_bytes_per_token", r.kv_bytes_per_token}});
+                            {"kv_pool_pages", r.kv_pool_pages}, {"kv_bytes_per_token", r.kv_bytes_per_token},
+                            {"cuda_graph_stats", cli::graph_stats_json(r.graphs)}});
   }
   cli::print_or_write_json(j, a.json);
 }

@@ -8,6 +8,7 @@
 
 #include "cli/command.hpp"
 #include "cli/util_kv_memory.hpp"
+#include "cli/util_json.hpp"
 #include "cli/util_model_cli.hpp"
 #include "cli/util_output.hpp"
 #include "cli/util_parse.hpp"
@@ -92,7 +93,8 @@ void run(const GenerateArgs& a) {
                         {"kv_bytes", g.kv.bytes}, {"kv_tokens", g.kv.tokens}, {"kv_bf16_bytes", bf16_bytes},
                         {"kv_vs_bf16", flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes))},
                         {"kv_effective_bits", g.kv.effective_bits}, {"model_format", checkpoint_format_name(lm.model.format)},
-                        {"device", a.device.device},
+                        {"device", a.device.device}, {"cuda_graphs", a.device.cuda_graphs},
+                        {"cuda_graph_stats", flashkv::cli::graph_stats_json(engine.cuda_graph_stats())},
                         {"blas", eo.device == Device::cpu ? engine_blas_info() : std::string("cuBLAS (bf16, fp32 accumulate)")}};
     // Decoded bytes need not be valid UTF-8 (a token may end inside a character): invalid bytes become U+FFFD.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -101,6 +103,8 @@ void run(const GenerateArgs& a) {
   std::printf("\n---\n");
   std::printf("prefill: %zu tokens, %.0f tok/s | decode: %d tokens, %.0f tok/s | stop: %s | device: %s\n",
               prompt.size(), prefill_tps, g.decode_steps, decode_tps, stop_reason_name(g.stop), a.device.device.c_str());
+  if (eo.device == Device::cuda)
+    std::printf("%s\n", flashkv::cli::cuda_graph_summary(a.device, engine.cuda_graph_stats()).c_str());
   std::printf("kv cache %s: %zu bytes for %zu tokens (%.1f bytes/token, %.2f bits/element), %s (bf16: %.0f bytes)\n",
               engine.spec().label().c_str(), g.kv.bytes, g.kv.tokens, g.kv.bytes_per_token, g.kv.effective_bits,
               flashkv::cli::vs_bf16_text(bf16_bytes, static_cast<double>(g.kv.bytes)).c_str(), bf16_bytes);

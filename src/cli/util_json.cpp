@@ -17,4 +17,10 @@ void print_or_write_json(const nlohmann::json& j, const std::string& path) {
   }
 }
 
+nlohmann::json graph_stats_json(const CudaGraphStats& s) {
+  return {{"graph_steps", s.graph_steps}, {"eager_steps", s.eager_steps}, {"captures", s.captures},
+          {"capture_failures", s.capture_failures}, {"evictions", s.evictions}, {"graphs", s.graphs},
+          {"last_capture_error", s.last_capture_error}};
+}
+
 }  // namespace flashkv::cli

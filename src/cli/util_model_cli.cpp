@@ -43,7 +43,12 @@ void add_kv_options(CLI::App* sub, KvOptions& o) {
   add_count_option(sub, "--page-size", o.page_size, "tokens per cache page (power of two, 16-256)", 1, 1 << 20);
 }
 
-EngineOptions DeviceOptions::engine() const { return parse_engine_device(device, "device"); }
+EngineOptions DeviceOptions::engine() const {
+  EngineOptions o = parse_engine_device(device, "device");
+  if (cuda_graphs != "on" && cuda_graphs != "off") throw Error("cuda-graphs", "on or off", "'" + cuda_graphs + "'");
+  o.cuda_graphs = cuda_graphs == "on";
+  return o;
+}
 
 void add_device_option(CLI::App* sub, DeviceOptions& o) {
   add_device_option(sub, o,
@@ -52,6 +57,18 @@ void add_device_option(CLI::App* sub, DeviceOptions& o) {
 }
 void add_device_option(CLI::App* sub, DeviceOptions& o, const std::string& help) {
   sub->add_option("--device", o.device, help);
+  sub->add_option("--cuda-graphs", o.cuda_graphs,
+                  "on (default) | off: with --device cuda, replay each decode step from a CUDA graph of its bucket "
+                  "(batch, page-table stride, splits), or launch every kernel (the same results)");
+}
+
+std::string cuda_graph_summary(const DeviceOptions& o, const CudaGraphStats& s) {
+  std::string line = "cuda graphs " + o.cuda_graphs + ": " + std::to_string(s.graph_steps) + " decode steps replayed, " +
+                     std::to_string(s.eager_steps) + " eager, " + std::to_string(s.captures) + " captures";
+  if (s.evictions > 0) line += ", " + std::to_string(s.evictions) + " evicted";
+  if (s.capture_failures > 0)
+    line += ", " + std::to_string(s.capture_failures) + " FAILED captures (last: " + s.last_capture_error + ")";
+  return line;
 }
 
 KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev) {

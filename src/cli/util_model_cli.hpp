@@ -32,16 +32,20 @@ struct SamplerOptions {
 };
 void add_sampler_options(CLI::App* sub, SamplerOptions& o, float default_temperature);
 
-/// --device cpu | cuda | cuda:N: where the Engine runs (EngineOptions::device / device_index).
+/// --device cpu | cuda | cuda:N: where the Engine runs (EngineOptions::device / device_index); --cuda-graphs on | off
+/// (EngineOptions::cuda_graphs, default on; ignored on the CPU).
 struct DeviceOptions {
   std::string device = "cpu";
-  /// Parsed; Error naming 'device' (expected "cpu", "cuda" or "cuda:N") otherwise.
+  std::string cuda_graphs = "on";
+  /// Parsed; Error naming 'device' (expected "cpu", "cuda" or "cuda:N") or 'cuda-graphs' (expected on / off).
   EngineOptions engine() const;
   bool cuda() const { return engine().device == Device::cuda; }
 };
 void add_device_option(CLI::App* sub, DeviceOptions& o);
 /// The same option with the command's own help text.
 void add_device_option(CLI::App* sub, DeviceOptions& o, const std::string& help);
+/// One line for the CUDA engine's graph counters, e.g. "cuda graphs on: 98 steps replayed, 0 eager, 3 captures".
+std::string cuda_graph_summary(const DeviceOptions& o, const CudaGraphStats& s);
 /// The KV spec for the device: --device cuda with no --kv-cache / --kv-k / --kv-v given means bf16 (the CUDA engine
 /// decodes no fp32 cache); everything else as KvOptions::spec().
 KVCacheSpec kv_spec_for(const KvOptions& kv, const DeviceOptions& dev);

@@ -52,6 +52,15 @@ struct DecodeBackend {
   /// seqlens[b] + i of the problem's page table (16-bit formats without windows or rotation), asynchronously on
   /// problem.stream.
   void (*append)(const DecodeProblem& problem) = nullptr;
+  /// The append of an engine step (kvcache/api/cache_step.hpp): rows as `append`, any token-granular format (16-bit
+  /// copy or quantize on write), asynchronous on problem.stream and capturable in a CUDA graph (no allocation, copy or
+  /// synchronization; the static fp8 scales come from kv.device_head_scales). The values are checked inside the write:
+  /// per half the smallest flat (b, i, h, c) index of a value the half cannot store (non-finite, or |x| > 65504 where
+  /// it stores fp16) is atomicMin'ed into bad[0] (K) / bad[1] (V) (device memory the caller set to UINT64_MAX); such a
+  /// row is not encoded (its slot keeps the 0xFF fill: NaN) in packed pages, copied as is in 16-bit pages.
+  void (*append_step)(const DecodeProblem& problem, unsigned long long* bad) = nullptr;
+  /// The split count plan() would choose for `problem` (the same heuristic, without building the plan).
+  int32_t (*num_splits)(const DecodeProblem& problem) = nullptr;
   /// Device memory for caches: allocate (nullptr when out of memory), free, synchronous copies (kind 0: host to
   /// device, 1: device to host, 2: device to device) and fill.
   void* (*alloc)(std::size_t bytes, int32_t device_index) = nullptr;

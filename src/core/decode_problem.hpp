@@ -33,6 +33,9 @@ struct DecodeKV {
   kv::HalfPages pages[2];           ///< K, V of the selected layer
   kv::KVHalfFormat format[2];       ///< K, V
   const float* head_scales[2] = {nullptr, nullptr};  ///< host: static fp8 scale per kv-head (head_static), else nullptr
+  /// The same scales already on `device` ([num_heads_kv] float32; a device PagedKVCache keeps a copy), or nullptr: the
+  /// device side then uploads head_scales itself (an allocation and a copy: not capturable in a CUDA graph).
+  const float* device_head_scales[2] = {nullptr, nullptr};
   kv::TokenRegions regions;         ///< sinks / quantized stream / residual ring (all zero: every token paged)
   /// Windows only: per sequence the base of its bf16 window buffer on `device` (kv::WindowGeometry; layer, half and
   /// head applied through `window`), a [batch] array in host memory; nullptr when regions.has_window() is false.
@@ -61,6 +64,11 @@ struct DecodeKV {
   /// problems after the capacity check read them back); nullptr otherwise.
   const int64_t* host_seqlens_k = nullptr;
   const char* format_name[2] = {"", ""};  ///< K, V kv_cache_dtype names (for the recorded kernel path)
+  /// A PagedKVCache problem (its own formats, packed pages allowed), as opposed to flash-attn style cache tensors. With
+  /// host_seqlens_k == nullptr it is a step over device tables (kvcache/api/cache_step.hpp): seqlens / page_table /
+  /// cu_seqlens_q already on the device, DecodeProblem::max_seqlen_k the host's bound of the key counts, nothing read
+  /// back.
+  bool paged_cache = false;
   /// Tensor API with options.max_seqlen_k > 0: the caller's promise seqlens[b] <= max_seqlen_k, checked on the device
   /// (a broken promise gives NaN out / lse for that sequence and no append). 0 = lengths checked on the host.
   int64_t promised_max_seqlen = 0;

@@ -25,8 +25,14 @@ __global__ void append_kv_kernel(const AppendParams p, int64_t total) {
       kdst = b * p.k_page + pos * p.k_row;
       vdst = b * p.v_page + pos * p.v_row;
     }
-    p.k_cache[kdst + hk * p.k_head + c] = p.k_new[b * p.kn_batch + i * p.kn_row + hk * p.kn_head + c];
-    p.v_cache[vdst + hk * p.v_head + c] = p.v_new[b * p.vn_batch + i * p.vn_row + hk * p.vn_head + c];
+    const uint16_t kx = p.k_new[b * p.kn_batch + i * p.kn_row + hk * p.kn_head + c];
+    const uint16_t vx = p.v_new[b * p.vn_batch + i * p.vn_row + hk * p.vn_head + c];
+    if (p.bad != nullptr) {  // idx is the flat (b, i, h, c) index
+      if ((kx & p.exp_mask) == p.exp_mask) atomicMin(&p.bad[0], static_cast<unsigned long long>(idx));
+      if ((vx & p.exp_mask) == p.exp_mask) atomicMin(&p.bad[1], static_cast<unsigned long long>(idx));
+    }
+    p.k_cache[kdst + hk * p.k_head + c] = kx;
+    p.v_cache[vdst + hk * p.v_head + c] = vx;
   }
 }
 

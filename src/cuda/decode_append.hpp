@@ -25,6 +25,10 @@ struct AppendParams {
   int32_t batch = 0, seqlen_new = 0, num_heads_kv = 0, head_dim = 0;
   int64_t capacity = 0;      ///< tokens per sequence the table addresses
   int32_t promised_max = 0;  ///< > 0: sequences with seqlens[b] > promised_max are skipped (their decode gives NaN)
+  /// Non-null: the values are checked while they are copied: bad[0] / bad[1] (K / V, device, set to UINT64_MAX by the
+  /// caller) get the smallest flat (b, i, h, c) index of a non-finite value (atomicMin); the rows are still copied.
+  unsigned long long* bad = nullptr;
+  uint16_t exp_mask = 0x7f80;  ///< the 16-bit type's exponent bits (bf16 0x7f80, fp16 0x7c00): all set = non-finite
 };
 
 /// Writes k_new / v_new at positions seqlens[b] + i; a sequence whose length breaks the precondition (negative,
@@ -56,6 +60,10 @@ struct QuantAppendParams {
   /// Value check first (quant_append_check): per half the smallest flat index (b, i, h, c) of a non-finite value, or
   /// of |x| > 65504 where the half stores fp16 (codes or scale / min); UINT64_MAX when none. Device [2].
   unsigned long long* bad = nullptr;
+  /// true: no separate check — quant_append itself checks each row (the same rule), atomicMin's the smallest bad flat
+  /// index into `bad` (initialized by the caller) and does not write that row (for callers that cannot synchronize
+  /// between the check and the write, e.g. inside a CUDA graph).
+  bool inline_check = false;
 };
 
 /// Writes p.bad[half] (see QuantAppendParams::bad); asynchronous.

@@ -36,6 +36,11 @@ __device__ __forceinline__ bool seq_ok(const QuantAppendParams& p, int b) {
   return cached >= 0 && cached + p.seqlen_new <= p.capacity;
 }
 
+/// A value `f` cannot store: non-finite, or beyond the fp16 range where the half stores fp16 (codes or scale / min).
+__device__ __forceinline__ bool bad_value(float x, const kv::KVHalfFormat& f) {
+  return !isfinite(x) || (needs_fp16_range(f) && fabsf(x) > 65504.0f);
+}
+
 __global__ void quant_append_check_kernel(const QuantAppendParams p, int64_t total) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -48,8 +53,7 @@ __global__ void quant_append_check_kernel(const QuantAppendParams p, int64_t tot
     const int64_t off = half == 0 ? b * p.kn_batch + i * p.kn_row + h * p.kn_head + c
                                   : b * p.vn_batch + i * p.vn_row + h * p.vn_head + c;
     const float x = load_in(half == 0 ? p.k_new : p.v_new, p.dtype, off);
-    const bool bad = !isfinite(x) || (needs_fp16_range(p.format[half]) && fabsf(x) > 65504.0f);
-    if (bad) atomicMin(&p.bad[half], static_cast<unsigned long long>(flat));
+    if (bad_value(x, p.format[half])) atomicMin(&p.bad[half], static_cast<unsigned long long>(flat));
   }
 }
 
@@ -68,6 +72,15 @@ __global__ void quant_append_kernel(const QuantAppendParams p, int64_t rows) {
                                   : b * p.vn_batch + i * p.vn_row + h * p.vn_head;
     const void* in = half == 0 ? p.k_new : p.v_new;
     for (int c = 0; c < p.head_dim; ++c) x[c] = load_in(in, p.dtype, src + c);
+    if (p.inline_check) {
+      int bad_c = -1;
+      for (int c = p.head_dim - 1; c >= 0; --c)
+        if (bad_value(x[c], p.format[half])) bad_c = c;
+      if (bad_c >= 0) {
+        atomicMin(&p.bad[half], static_cast<unsigned long long>(r * p.head_dim + bad_c));
+        continue;
+      }
+    }
     const int64_t pos = p.seqlens[b] + i;
     const int64_t page = p.page_table[b * p.page_table_batch + pos / p.page_size];
     const int32_t slot = static_cast<int32_t>(pos % p.page_size);
@@ -128,6 +141,17 @@ __global__ void quant_append_warp_kernel(const QuantAppendParams p, int64_t rows
     float x[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) x[k] = load_in(in, p.dtype, src + lane + 32 * k);
+    if (p.inline_check) {  // the row's smallest bad channel, over the warp (uniform skip)
+      unsigned bad_c = 0xffffffffu;
+#pragma unroll
+      for (int k = E - 1; k >= 0; --k)
+        if (bad_value(x[k], f)) bad_c = static_cast<unsigned>(lane + 32 * k);
+      bad_c = __reduce_min_sync(0xffffffffu, bad_c);
+      if (bad_c != 0xffffffffu) {
+        if (lane == 0) atomicMin(&p.bad[half], static_cast<unsigned long long>(r * p.head_dim + bad_c));
+        continue;
+      }
+    }
     const int64_t pos = p.seqlens[b] + i;
     const int64_t page = p.page_table[b * p.page_table_batch + pos / p.page_size];
     const int32_t slot = static_cast<int32_t>(pos % p.page_size);

@@ -80,9 +80,10 @@ bool raw16_pages(const core::DecodeProblem& p) {
   return true;
 }
 
-/// Per-kv-head static fp8 scales of one half on the device (head_static), else nullptr.
+/// Per-kv-head static fp8 scales of one half on the device (head_static) when the problem has no device copy
+/// (kv.device_head_scales), else nullptr.
 std::unique_ptr<DeviceBuffer> upload_head_scales(const core::DecodeProblem& p, int half, cudaStream_t stream) {
-  if (p.kv.format[half].scaling != kv::KVScaling::head_static) return nullptr;
+  if (p.kv.format[half].scaling != kv::KVScaling::head_static || p.kv.device_head_scales[half] != nullptr) return nullptr;
   if (p.kv.head_scales[half] == nullptr) {
     throw Error(half == 0 ? "k_scales" : "v_scales", "static fp8 scales per kv head (the cache's config)", "none");
   }
@@ -91,6 +92,70 @@ std::unique_ptr<DeviceBuffer> upload_head_scales(const core::DecodeProblem& p, i
                              cudaMemcpyHostToDevice, stream),
              "decode plan: upload static scales");
   return buf;
+}
+
+/// The checks of packed (non-16-bit) K / V halves that follow from their format descriptions and metadata layout alone:
+/// UnsupportedError naming the half (k_cache / v_cache), its kv_cache_dtype name, the expected and the actual value.
+/// CudaDecodeWork runs them before any check of where the pages come from, so a format the kernels cannot read is
+/// reported as such.
+void check_packed_formats(const core::DecodeProblem& p) {
+  for (int half = 0; half < 2; ++half) {
+    const kv::HalfPages& h = p.kv.pages[half];
+    const kv::KVHalfFormat& f = p.kv.format[half];
+    const char* name = half == 0 ? "k_cache" : "v_cache";
+    // one MMA k-slice per group (checked before the metadata size, which follows from the group)
+    // the smallest group whose metadata the decode stages (32 channels at head_dim >= 32: quant_meta_max)
+    const int64_t min_group = p.head_dim / (quant_meta_max(kv::KVScaling::token_affine, p.head_dim) / 4);
+    if (f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0 || f.group < min_group)) {
+      throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
+                             "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
+                             "per group), of at least " + str(min_group) +
+                             " channels (the staged metadata), got groups of " + str(f.group) +
+                             " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
+    }
+    if (f.meta_bytes_per_unit > 0 &&
+        ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
+         f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
+         f.meta_bytes_per_unit > quant_meta_max(f.scaling, p.head_dim))) {
+      throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
+                             p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
+                             str(f.tokens_per_unit) + " tokens per unit)");
+    }
+  }
+}
+
+/// The split count of a plan for `p` whose kernel is `launch` and whose longest sequence has max_k keys (the current
+/// device is p's).
+int32_t choose_splits(const core::DecodeProblem& p, DecodeLaunch launch, int64_t max_k, int32_t device) {
+  if (p.num_splits > 0) return p.num_splits;
+  const int64_t row_tiles = (p.max_seqlen_q * p.group_size() + 15) / 16;
+  const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
+  return decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks,
+                           static_cast<int64_t>(num_sms()) * ctas_per_sm(launch, device));
+}
+
+/// The 16-bit append of `p`'s k_new / v_new rows into its pages through `table` / `seqlens` (device).
+AppendParams append16_params(const core::DecodeProblem& p, const int32_t* table, const int32_t* seqlens) {
+  const core::DecodeKV& kv = p.kv;
+  const int64_t kes = 2;  // element strides of 16-bit pages
+  AppendParams a;
+  a.k_new = static_cast<const uint16_t*>(p.k_new), a.v_new = static_cast<const uint16_t*>(p.v_new);
+  a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
+  a.vn_batch = p.v_new_strides.batch, a.vn_row = p.v_new_strides.row, a.vn_head = p.v_new_strides.head;
+  a.k_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[0].codes));
+  a.v_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[1].codes));
+  a.k_page = kv.pages[0].page_stride / kes, a.k_row = kv.pages[0].slot_stride / kes, a.k_head = kv.pages[0].head_stride / kes;
+  a.v_page = kv.pages[1].page_stride / kes, a.v_row = kv.pages[1].slot_stride / kes, a.v_head = kv.pages[1].head_stride / kes;
+  a.page_table = table;
+  a.page_table_batch = kv.page_table_stride;
+  a.page_size_log2 = table != nullptr ? log2_exact(kv.page_size) : 0;
+  a.seqlens = seqlens;
+  a.batch = static_cast<int32_t>(p.batch), a.seqlen_new = static_cast<int32_t>(p.seqlen_q);
+  a.num_heads_kv = static_cast<int32_t>(p.num_heads_kv), a.head_dim = static_cast<int32_t>(p.head_dim);
+  a.capacity = kv.capacity;
+  a.promised_max = static_cast<int32_t>(std::min<int64_t>(kv.promised_max_seqlen, INT32_MAX));
+  a.exp_mask = p.dtype == DType::float16 ? 0x7c00 : 0x7f80;
+  return a;
 }
 
 /// The plan of one decode batch shape on one CUDA device.
@@ -119,7 +184,10 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                     dtype_name(p.dtype));
   }
   const bool raw16 = raw16_pages(p);
-  if (!raw16 && p.kv.host_seqlens_k == nullptr) {  // flash-attn style cache tensors are 16-bit by definition
+  // What the halves' formats themselves rule out comes first: it names the half, its format and the expected vs the
+  // actual value, whatever the problem's source (a PagedKVCache, an engine step, or cache tensors).
+  if (!raw16) check_packed_formats(p);
+  if (!raw16 && !p.kv.paged_cache) {  // flash-attn style cache tensors are 16-bit by definition
     throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
                            " pages for " + dtype_name(p.dtype) + " queries");
   }
@@ -149,25 +217,6 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     if (!aligned16(h.codes) || h.page_stride % 16 != 0 || h.slot_stride % 16 != 0 || h.head_stride % 16 != 0) {
       throw Error(name, "a 16-byte aligned data pointer and strides that are multiples of 8 elements", "unaligned");
     }
-    const kv::KVHalfFormat& f = p.kv.format[half];
-    // one MMA k-slice per group (checked before the metadata size, which follows from the group)
-    // the smallest group whose metadata the decode stages (32 channels at head_dim >= 32: quant_meta_max)
-    const int64_t min_group = p.head_dim / (quant_meta_max(kv::KVScaling::token_affine, p.head_dim) / 4);
-    if (!raw16 && f.scaling == kv::KVScaling::token_affine && (f.group <= 0 || f.group % 16 != 0 || f.group < min_group)) {
-      throw UnsupportedError(std::string("flashkv: CUDA decode: ") + name + " (" + p.kv.format_name[half] +
-                             "): channel groups of a positive multiple of 16 channels expected (one MMA k-slice "
-                             "per group), of at least " + str(min_group) +
-                             " channels (the staged metadata), got groups of " + str(f.group) +
-                             " channels; PagedKVCache::to(Device::cpu) decodes it on the CPU");
-    }
-    if (!raw16 && f.meta_bytes_per_unit > 0 &&
-        ((reinterpret_cast<uintptr_t>(h.meta) & 3u) != 0 || h.meta_page_stride % 4 != 0 || h.meta_head_stride % 4 != 0 ||
-         f.meta_bytes_per_unit % 4 != 0 || f.tokens_per_unit != 1 ||
-         f.meta_bytes_per_unit > quant_meta_max(f.scaling, p.head_dim))) {
-      throw UnsupportedError(std::string("flashkv: the CUDA decode cannot read the metadata of ") + name + " (" +
-                             p.kv.format_name[half] + ": " + str(f.meta_bytes_per_unit) + " bytes per unit, " +
-                             str(f.tokens_per_unit) + " tokens per unit)");
-    }
   }
   const int64_t group = p.group_size();
   const int64_t row_tiles = (p.max_seqlen_q * group + 15) / 16;
@@ -192,7 +241,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
       check_cuda(cudaMemcpyAsync(seqlens_->get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice, stream_),
                  "decode plan: upload seqlens");
     }
-  } else if (kv.promised_max_seqlen == 0 && p.batch > 0) {
+  } else if (!kv.paged_cache && kv.promised_max_seqlen == 0 && p.batch > 0) {
     // Tensor API without a promised bound: read the lengths back and check them before anything is written or run.
     std::vector<int32_t> lens(static_cast<size_t>(p.batch));
     check_cuda(cudaMemcpyAsync(lens.data(), kv.seqlens, lens.size() * 4, cudaMemcpyDeviceToHost, stream_),
@@ -224,10 +273,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                                cudaMemcpyHostToDevice, stream_),
                "decode plan: upload cu_seqlens_q");
   }
-  const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
-  num_splits_ = p.num_splits > 0 ? p.num_splits
-                                 : decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks,
-                                                     static_cast<int64_t>(num_sms()) * ctas_per_sm(launch_, device_));
+  num_splits_ = choose_splits(p, launch_, max_k, device_);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (num_splits_ > 1) {
     const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;
@@ -253,23 +299,7 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   const int32_t page_log2 = paged ? log2_exact(kv.page_size) : 0;
   if (p.k_new != nullptr) {
     if (qe_ != nullptr) throw UnsupportedError("flashkv: k_new / v_new append into packed pages (use PagedKVCache::append)");
-    AppendParams a;
-    a.k_new = static_cast<const uint16_t*>(p.k_new), a.v_new = static_cast<const uint16_t*>(p.v_new);
-    a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
-    a.vn_batch = p.v_new_strides.batch, a.vn_row = p.v_new_strides.row, a.vn_head = p.v_new_strides.head;
-    a.k_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[0].codes));
-    a.v_cache = const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(kv.pages[1].codes));
-    a.k_page = kv.pages[0].page_stride / kes, a.k_row = kv.pages[0].slot_stride / kes, a.k_head = kv.pages[0].head_stride / kes;
-    a.v_page = kv.pages[1].page_stride / kes, a.v_row = kv.pages[1].slot_stride / kes, a.v_head = kv.pages[1].head_stride / kes;
-    a.page_table = table;
-    a.page_table_batch = kv.page_table_stride;
-    a.page_size_log2 = page_log2;
-    a.seqlens = seqlens;
-    a.batch = static_cast<int32_t>(p.batch), a.seqlen_new = static_cast<int32_t>(p.seqlen_q);
-    a.num_heads_kv = static_cast<int32_t>(p.num_heads_kv), a.head_dim = static_cast<int32_t>(p.head_dim);
-    a.capacity = kv.capacity;
-    a.promised_max = static_cast<int32_t>(std::min<int64_t>(kv.promised_max_seqlen, INT32_MAX));
-    append_kv(a, stream_);
+    append_kv(append16_params(p, table, seqlens), stream_);
   }
   if (p.batch == 0 || p.max_seqlen_q == 0 || p.num_heads == 0) return;
   DecodeParams d;
@@ -308,8 +338,8 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
     d.k_meta_page = kv.pages[0].meta_page_stride, d.k_meta_head = kv.pages[0].meta_head_stride;
     d.v_meta_page = kv.pages[1].meta_page_stride, d.v_meta_head = kv.pages[1].meta_head_stride;
     d.k_format = kv.format[0], d.v_format = kv.format[1];
-    d.k_head_scales = head_scales_[0] ? head_scales_[0]->as<float>() : nullptr;
-    d.v_head_scales = head_scales_[1] ? head_scales_[1]->as<float>() : nullptr;
+    d.k_head_scales = head_scales_[0] ? head_scales_[0]->as<float>() : kv.device_head_scales[0];
+    d.v_head_scales = head_scales_[1] ? head_scales_[1]->as<float>() : kv.device_head_scales[1];
     qe_->launch(d, stream_);
     return;
   }
@@ -319,11 +349,10 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
 // ---- hooks ----------------------------------------------------------------------------------------------------------
 std::unique_ptr<core::DecodeWork> plan_hook(const core::DecodeProblem& p) { return std::make_unique<CudaDecodeWork>(p); }
 
-/// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (a typed error naming k / v,
-/// the value and its index, nothing written), then encoded by the format trait.
-void quant_append_hook(const core::DecodeProblem& p) {
-  DeviceGuard guard(p.device_index);
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+/// The quantize-on-write append of `p` (decode_append_quant.hpp); static fp8 scales from kv.device_head_scales, else
+/// uploaded into `scales` (which must outlive the launch).
+QuantAppendParams quant_params(const core::DecodeProblem& p, std::unique_ptr<DeviceBuffer> (&scales)[2],
+                               cudaStream_t stream) {
   const core::DecodeKV& kv = p.kv;
   if (p.head_dim > 256) throw UnsupportedError("flashkv: the CUDA KV append supports head_dim <= 256, got " + str(p.head_dim));
   QuantAppendParams a;
@@ -331,7 +360,6 @@ void quant_append_hook(const core::DecodeProblem& p) {
   a.dtype = p.dtype == DType::float32 ? 0 : (p.dtype == DType::bfloat16 ? 1 : 2);
   a.kn_batch = p.k_new_strides.batch, a.kn_row = p.k_new_strides.row, a.kn_head = p.k_new_strides.head;
   a.vn_batch = p.v_new_strides.batch, a.vn_row = p.v_new_strides.row, a.vn_head = p.v_new_strides.head;
-  std::unique_ptr<DeviceBuffer> scales[2];
   for (int half = 0; half < 2; ++half) {
     const kv::HalfPages& h = kv.pages[half];
     const kv::KVHalfFormat& f = kv.format[half];
@@ -345,13 +373,22 @@ void quant_append_hook(const core::DecodeProblem& p) {
     a.meta_page_stride[half] = h.meta_page_stride, a.meta_head_stride[half] = h.meta_head_stride;
     a.format[half] = f;
     scales[half] = upload_head_scales(p, half, stream);
-    a.head_scales[half] = scales[half] ? scales[half]->as<float>() : nullptr;
+    a.head_scales[half] = scales[half] ? scales[half]->as<float>() : kv.device_head_scales[half];
   }
   a.page_table = kv.page_table, a.page_table_batch = kv.page_table_stride, a.page_size = kv.page_size;
   a.seqlens = kv.seqlens;
   a.batch = static_cast<int32_t>(p.batch), a.seqlen_new = static_cast<int32_t>(p.seqlen_q);
   a.num_heads_kv = static_cast<int32_t>(p.num_heads_kv), a.head_dim = static_cast<int32_t>(p.head_dim);
   a.capacity = kv.capacity;
+  return a;
+}
+
+/// The value check of an append (quant_append_check: non-finite, or beyond fp16 where a half stores fp16): a typed
+/// error naming k / v, the value and its index, before anything is written. Synchronizes `stream`.
+void check_values_or_throw(const core::DecodeProblem& p, cudaStream_t stream) {
+  const core::DecodeKV& kv = p.kv;
+  std::unique_ptr<DeviceBuffer> scales[2];
+  QuantAppendParams a = quant_params(p, scales, stream);
   DeviceBuffer bad(2 * sizeof(unsigned long long), stream);
   a.bad = bad.as<unsigned long long>();
   quant_append_check(a, stream);
@@ -380,8 +417,55 @@ void quant_append_hook(const core::DecodeProblem& p) {
                 std::to_string(x) + " at [" + (p.batch > 1 ? str(b) + ", " : std::string()) + str(i) + ", " + str(h) +
                     ", " + str(c) + "]");
   }
+}
+
+/// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (check_values_or_throw),
+/// then encoded by the format trait.
+void quant_append_hook(const core::DecodeProblem& p) {
+  DeviceGuard guard(p.device_index);
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  check_values_or_throw(p, stream);
+  std::unique_ptr<DeviceBuffer> scales[2];
+  const QuantAppendParams a = quant_params(p, scales, stream);
   quant_append(a, stream);
   check_cuda(cudaStreamSynchronize(stream), "KV cache append");
+}
+
+/// The engine step's append (core::DecodeBackend::append_step): one launch for the whole batch, values checked inside
+/// the write, nothing allocated or synchronized (capturable).
+void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
+  DeviceGuard guard(p.device_index);
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch == 0 || p.seqlen_q == 0) return;
+  if (raw16_pages(p)) {
+    AppendParams a = append16_params(p, p.kv.page_table, p.kv.seqlens);
+    a.bad = bad;
+    append_kv(a, stream);
+    return;
+  }
+  for (int half = 0; half < 2; ++half) {
+    if (p.kv.format[half].scaling == kv::KVScaling::head_static && p.kv.device_head_scales[half] == nullptr) {
+      throw Error("flashkv: KV step append: static fp8 scales must be on the device (kv.device_head_scales)",
+                  Status::internal);
+    }
+  }
+  std::unique_ptr<DeviceBuffer> none[2];
+  QuantAppendParams a = quant_params(p, none, stream);
+  a.bad = bad;
+  a.inline_check = true;
+  quant_append(a, stream);
+}
+
+int32_t num_splits_hook(const core::DecodeProblem& p) {
+  DeviceGuard guard(p.device_index);
+  DecodeLaunch launch = nullptr;
+  if (raw16_pages(p)) {
+    launch = reinterpret_cast<DecodeLaunch>(find_kernel(KernelKind::decode, p.head_dim, p.dtype).launch);
+  } else {
+    launch = find_quant_decode(p.head_dim, p.dtype, p.kv.format[0], p.kv.format[1], p.kv.format_name[0],
+                               p.kv.format_name[1]).launch;
+  }
+  return choose_splits(p, launch, p.max_seqlen_k, p.device_index);
 }
 
 void append_hook(const core::DecodeProblem& p) {
@@ -389,6 +473,8 @@ void append_hook(const core::DecodeProblem& p) {
     quant_append_hook(p);
     return;
   }
+  DeviceGuard guard(p.device_index);
+  check_values_or_throw(p, static_cast<cudaStream_t>(p.stream));  // non-finite rows: an Error, nothing written
   CudaDecodeWork w(p);  // checks: 16-bit pages of the rows' dtype, alignment
   w.run(p);             // max_seqlen_q rows to append; no queries (num_heads 0)
   check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(p.stream)), "KV cache append");
@@ -425,6 +511,8 @@ core::DecodeBackend make_backend() {
   core::DecodeBackend be;
   be.plan = &plan_hook;
   be.append = &append_hook;
+  be.append_step = &append_step_hook;
+  be.num_splits = &num_splits_hook;
   be.alloc = &alloc_hook;
   be.free = &free_hook;
   be.copy = &copy_hook;

@@ -338,7 +338,7 @@ Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequence
     if (make == nullptr)
       throw UnsupportedError("flashkv: options.device = cuda needs a library built with the CUDA backend "
                              "(FLASHKV_CUDA=ON); this build has none");
-    m.backend = make(model, kc, m.context);
+    m.backend = make(model, kc, m.context, max_sequences, options);
   } else {
     engine_detail::blas();  // load OpenBLAS now: a missing library is an error here, not in the first forward
     m.backend = std::make_unique<CpuEngine>(model, kc, m.context);
@@ -367,9 +367,11 @@ int32_t Engine::add_sequence() {
 void Engine::remove_sequence(int32_t seq) {
   if (seq < 0 || static_cast<std::size_t>(seq) >= impl_->live.size() || !impl_->live[static_cast<std::size_t>(seq)])
     throw Error("seq", "a live sequence id", std::to_string(seq));
-  impl_->cache().remove_sequence(seq);
+  impl_->backend->remove_sequence(seq);
   impl_->live[static_cast<std::size_t>(seq)] = false;
 }
+
+CudaGraphStats Engine::cuda_graph_stats() const { return impl_->backend->cuda_graph_stats(); }
 
 int32_t Engine::length(int32_t seq) const {
   if (seq < 0 || static_cast<std::size_t>(seq) >= impl_->live.size() || !impl_->live[static_cast<std::size_t>(seq)])

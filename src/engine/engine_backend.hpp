@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "flashkv/engine.hpp"
 #include "flashkv/kvcache.hpp"
 #include "flashkv/model.hpp"
 #include "flashkv/sampler.hpp"
@@ -40,12 +41,18 @@ class EngineBackend {
   /// (pages already checked by the Engine). This default stages them on the host (float32) and appends them with
   /// PagedKVCache::append — every cache, host or device; a backend may stage them on its device instead.
   virtual void append_synthetic(int32_t seq, int32_t pos0, int32_t n, uint64_t seed);
+  /// Frees a sequence's pages (the Engine checked the id). The CUDA backend first waits for its enqueued work (no step
+  /// still reads them) and orders its later work after the cache's own device work (the 0xFF fill of the freed pages),
+  /// so the next step may reuse them.
+  virtual void remove_sequence(int32_t seq) { cache().remove_sequence(seq); }
+  virtual CudaGraphStats cuda_graph_stats() const { return {}; }
 };
 
-/// Builds the CUDA backend for `model` with a device cache of `cache_config` (device already set to cuda) for
-/// sequences of up to `context` tokens. Throws UnsupportedError for what the device cannot run.
+/// Builds the CUDA backend for `model` with a device cache of `cache_config` (device already set to cuda) for up to
+/// `max_sequences` sequences of up to `context` tokens. Throws UnsupportedError for what the device cannot run.
 using CudaEngineFactory = std::unique_ptr<EngineBackend> (*)(const Model& model, const KVCacheConfig& cache_config,
-                                                             int32_t context);
+                                                             int32_t context, int32_t max_sequences,
+                                                             const EngineOptions& options);
 /// Registers the CUDA backend's factory (the CUDA engine layer does, from a static initializer).
 void register_cuda_engine(CudaEngineFactory factory);
 /// The registered factory, or nullptr in a build without the CUDA engine.

@@ -32,7 +32,11 @@ GenerationResult generate_in(Engine& engine, int32_t seq, std::span<const int32_
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   int32_t prev = tokens.back();
   for (int32_t step = 0; step < steps; ++step) {
+    // A decode step is decode() + the sampling of its token: on CUDA decode() returns once its work is enqueued and
+    // sample() waits for it.
+    auto ts = clock::now();
     const int32_t next = engine.sample(samplers)[0];
+    (step > 0 ? res.decode_seconds : res.prefill_seconds) += std::chrono::duration<double>(clock::now() - ts).count();
     if (!o.ignore_stop_tokens && std::find(m.stop_tokens.begin(), m.stop_tokens.end(), next) != m.stop_tokens.end()) {
       res.stop = next == m.bos_token ? StopReason::bos : StopReason::eos;
       res.stop_token = next;

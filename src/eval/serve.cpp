@@ -153,6 +153,7 @@ ServeResult serve_one(const Model& model, const KVCacheSpec& spec, const ServeOp
     retire_done();
   }
   res.wall_seconds = seconds(t_start, clock_type::now());
+  res.graphs = e.cuda_graph_stats();
   res.decode_tokens_per_s = res.decode_seconds > 0 ? static_cast<double>(decode_tokens) / res.decode_seconds : 0.0;
   res.throughput_tokens_per_s = res.wall_seconds > 0 ? static_cast<double>(res.generated_tokens) / res.wall_seconds : 0.0;
   res.mean_batch = res.decode_steps > 0 ? batch_sum / res.decode_steps : 0.0;

@@ -52,6 +52,7 @@ struct ServeResult {
   double ttft_ms_p50 = 0, ttft_ms_p99 = 0;                               ///< from t = 0 (queueing included)
   int64_t kv_pool_pages = 0;
   double kv_bytes_per_token = 0;         ///< at the largest batch seen
+  CudaGraphStats graphs;                 ///< the CUDA engine's graph counters at the end (zero on the CPU)
 };
 
 /// Runs the protocol for every spec. Throws Error naming 'requests', 'prompt_min' / 'prompt_max', 'output_min' /

@@ -74,6 +74,7 @@ std::vector<SpeedRow> run_speed(const Model& model, const std::vector<KVCacheSpe
         }
         engine.remove_sequence(seq);
       }
+      row.graphs = engine.cuda_graph_stats();
       mean_sd(row.pp, row.pp_mean, row.pp_sd);
       mean_sd(row.tg, row.tg_mean, row.tg_sd);
       if (on_row) on_row(row);

@@ -34,6 +34,7 @@ struct SpeedRow {
   double pp_mean = 0.0, pp_sd = 0.0, tg_mean = 0.0, tg_sd = 0.0;  ///< tokens / second
   std::vector<double> pp, tg;                                     ///< per repetition
   double bytes_per_token = 0.0, effective_bits = 0.0;             ///< at context C
+  CudaGraphStats graphs;  ///< the CUDA engine's graph counters after the row (zero on the CPU)
 };
 
 /// Runs the protocol for every (format, context). Throws Error naming 'contexts' (C − n_gen − n_prompt < 0 or C above

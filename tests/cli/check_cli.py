@@ -339,6 +339,7 @@ def check_output_paths(binary):
                 (["generate", *m, "--steps", "0"], "--steps"),
                 (["generate", *m, "--device", "tpu"], "device"),
                 (["generate", *m, "--device", "cuda:x"], "device"),
+                (["generate", *m, "--cuda-graphs", "maybe"], "cuda-graphs"),
                 (["bench", "serve", *m, "--prompt-len", "8:x"], "prompt-len"),
                 (["bench", "serve", *m, "--output-len", "9:3"], "output-len"),
                 (["bench", "serve", *m, "--output-len", "100", "--prompt-len", "40"], "output-len"),

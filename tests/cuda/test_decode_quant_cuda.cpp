@@ -16,7 +16,8 @@
 //   * errors: CapacityError before anything is written, non-finite / out-of-range values named with their index and
 //     nothing written, KIVI / windows and uncompiled K/V combinations named in an UnsupportedError, affine channel
 //     groups the MMA k-slices cannot follow (not a multiple of 16) refused by the plan naming the half, expected and
-//     actual group; pages reused after remove_sequence.
+//     actual group (before any check of the problem's source), packed pages described as cache tensors refused naming
+//     the 16-bit pages expected; pages reused after remove_sequence.
 #include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -466,32 +467,23 @@ TEST(CudaQuantKVCache, UnsupportedCombinationsNameThemselves) {
   }
 }
 
-/// token_affine K / V (int8 / int4) whose channel groups are not a multiple of 16 (or below 32 channels, whose metadata
-/// the decode does not stage): the decode folds one group per MMA
-/// k-slice (16 channels), so the plan refuses them with an UnsupportedError naming the half (k_cache / v_cache), its
-/// format, the expected and the actual group size, before any metadata is read or anything is launched. The
-/// kv_cache_dtype grammar only offers int8 / int4 groups of 32..256 channels (and KIVI, whose V groups are 16..128 and
-/// which the device refuses earlier), so the description — an int4 half with groups of 8 channels (int4: compiled in
-/// every CUDA build, gpu-ci's too) — is handed to the CUDA backend's plan as a core::DecodeProblem directly, with real
-/// device buffers.
-TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
-  EXPECT_TRUE(cuda::decode_backend_registered());
-  constexpr int d = 64, hk = 2, h = 8, page = 16, pages = 2;  // head_dim 64: in every CUDA build
-  const int64_t lens[] = {20};
-  const std::vector<int32_t> table = {0, 1};
-  DevBuf dt(table.size() * 4), dlen(4), dq(h * d * 2), dout(h * d * 2);
-  dt.upload(table);
-  dlen.upload(std::vector<int32_t>{20});
-  const std::vector<uint16_t> out_before(h * d, 0x7fc0);  // bf16 NaN: the plan must leave out untouched
-  dout.upload(out_before);
-  // groups of 8: not a multiple of 16; groups of 16: below the 32 channels whose metadata the decode stages
-  for (int bad = 0; bad < 4; ++bad) {
-    const int bad_half = bad % 2, bad_group = bad < 2 ? 8 : 16;
-    const std::string bad_name = "int4_g" + std::to_string(bad_group);
-    const char* name = bad_half == 0 ? "k_cache" : "v_cache";
-    SCOPED_TRACE(std::string(name) + " " + bad_name);
-    const std::string got = "got groups of " + std::to_string(bad_group);
-    core::DecodeProblem p;
+/// A core::DecodeProblem over int4 pages in real device buffers, for the CUDA plan's checks: batch 1 (20 keys), 8 query
+/// heads over 2 kv heads, head_dim 64 (in every CUDA build, gpu-ci's too), 2 pages of 16 tokens. group[half] is the
+/// half's channel group (0: one group of head_dim channels, the grammar's int4). `source` says where the problem comes
+/// from: 0 = flash-attn style cache tensors (paged_cache false, no host lengths: the tensor API on a CUDA device),
+/// 1 = a PagedKVCache decode (paged_cache, host lengths), 2 = an engine step over device tables (paged_cache, no host
+/// lengths).
+struct Int4PlanProblem {
+  static constexpr int d = 64, hk = 2, h = 8, page = 16, pages = 2;
+  const int64_t lens[1] = {20};
+  DevBuf dt{pages * 4}, dlen{4}, dq{h * d * 2}, dout{h * d * 2};
+  std::vector<std::unique_ptr<DevBuf>> bufs;
+  std::string names[2];
+  core::DecodeProblem p;
+
+  Int4PlanProblem(const int (&group)[2], int source) {
+    dt.upload(std::vector<int32_t>{0, 1});
+    dlen.upload(std::vector<int32_t>{20});
     p.batch = 1, p.num_heads = h, p.num_heads_kv = hk, p.head_dim = d;
     p.seqlen_q = p.max_seqlen_q = 1, p.max_seqlen_k = lens[0];
     p.dtype = DType::bfloat16, p.device = Device::cuda;
@@ -499,12 +491,12 @@ TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
     p.q_strides = {h * d, h * d, d}, p.out_strides = p.q_strides;
     core::DecodeKV& pkv = p.kv;
     pkv.device = Device::cuda, pkv.page_size = page;
-    std::vector<std::unique_ptr<DevBuf>> bufs;
     for (int half = 0; half < 2; ++half) {
-      const kv::KVHalfFormat f = kv::describe(kv::KVFormatId::int4, false, half == bad_half ? bad_group : 0, half == 0, d);
-      ASSERT_EQ(f.group, half == bad_half ? bad_group : d);
+      const kv::KVHalfFormat f = kv::describe(kv::KVFormatId::int4, false, group[half], half == 0, d);
+      EXPECT_EQ(f.group, group[half] > 0 ? group[half] : d);
       pkv.format[half] = f;
-      pkv.format_name[half] = half == bad_half ? bad_name.c_str() : "int4";
+      names[half] = group[half] > 0 ? "int4_g" + std::to_string(group[half]) : std::string("int4");
+      pkv.format_name[half] = names[half].c_str();
       bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.code_bytes));
       bufs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(pages) * page * hk * f.meta_bytes_per_unit));
       kv::HalfPages& hp = pkv.pages[half];
@@ -517,12 +509,67 @@ TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
     }
     pkv.page_table = static_cast<const int32_t*>(dt.p), pkv.page_table_stride = pages, pkv.max_pages = pages;
     pkv.capacity = pages * page;
-    pkv.seqlens = static_cast<const int32_t*>(dlen.p), pkv.host_seqlens_k = lens;
-    expect_error<UnsupportedError>([&] { (void)core::require_decode_backend(Device::cuda).plan(p); }, "",
-                                   {name, bad_name.c_str(), bad_group == 8 ? "multiple of 16" : "of at least 32 channels",
-                                    "expected", got.c_str()});
+    pkv.seqlens = static_cast<const int32_t*>(dlen.p);
+    pkv.paged_cache = source != 0;
+    pkv.host_seqlens_k = source == 1 ? lens : nullptr;
   }
-  EXPECT_EQ(dout.download<uint16_t>(out_before.size()), out_before);
+};
+
+const char* const kPlanSources[3] = {"cache tensors", "PagedKVCache", "engine step"};
+
+/// token_affine K / V (int8 / int4) whose channel groups are not a multiple of 16 (or below 32 channels, whose metadata
+/// the decode does not stage): the decode folds one group per MMA k-slice (16 channels), so the plan refuses them with an UnsupportedError naming the half (k_cache / v_cache), its
+/// format, the expected and the actual group size, before any metadata is read or anything is launched — and before
+/// any check of the problem's source, so the same error answers a PagedKVCache, an engine step and cache tensors. The
+/// kv_cache_dtype grammar only offers int8 / int4 groups of 32..256 channels (and KIVI, whose V groups are 16..128 and
+/// which the device refuses earlier), so the description — an int4 half with groups of 8 channels — is handed to the
+/// CUDA backend's plan as a core::DecodeProblem directly, with real device buffers.
+TEST(CudaQuantKVCache, AffineGroupsNotAMultipleOf16AreUnsupported) {
+  EXPECT_TRUE(cuda::decode_backend_registered());
+  const std::vector<uint16_t> out_before(Int4PlanProblem::h * Int4PlanProblem::d, 0x7fc0);  // bf16 NaN: untouched
+  for (int source = 0; source < 3; ++source) {
+    for (int bad_half = 0; bad_half < 2; ++bad_half) {
+      const char* name = bad_half == 0 ? "k_cache" : "v_cache";
+      SCOPED_TRACE(std::string(kPlanSources[source]) + ", " + name);
+      // groups of 8: not a multiple of 16; groups of 16: below the 32 channels whose metadata the decode stages
+      for (int bad_group : {8, 16}) {
+        SCOPED_TRACE("groups of " + std::to_string(bad_group));
+        const int group[2] = {bad_half == 0 ? bad_group : 0, bad_half == 1 ? bad_group : 0};
+        Int4PlanProblem t(group, source);
+        t.dout.upload(out_before);
+        const std::string bad_name = "int4_g" + std::to_string(bad_group);
+        const std::string got = "got groups of " + std::to_string(bad_group);
+        expect_error<UnsupportedError>([&] { (void)core::require_decode_backend(Device::cuda).plan(t.p); }, "",
+                                       {name, bad_name.c_str(),
+                                        bad_group == 8 ? "multiple of 16" : "of at least 32 channels", "expected",
+                                        got.c_str()});
+        EXPECT_EQ(t.dout.download<uint16_t>(out_before.size()), out_before);
+      }
+    }
+  }
+}
+
+/// Flash-attn style cache tensors are 16-bit pages of the query dtype by definition (the tensor API describes them so):
+/// a cache-tensor problem whose halves are packed, in a format the kernels do read (int4, one group of head_dim
+/// channels), is refused by the plan with an UnsupportedError naming the pages it expected, while the same pages as a
+/// PagedKVCache or an engine step plan.
+TEST(CudaQuantKVCache, PackedPagesAsCacheTensorsAreUnsupported) {
+  EXPECT_TRUE(cuda::decode_backend_registered());
+  const int group[2] = {0, 0};
+  for (int source = 0; source < 3; ++source) {
+    SCOPED_TRACE(kPlanSources[source]);
+    Int4PlanProblem t(group, source);
+    if (source == 0) {
+      expect_error<UnsupportedError>([&] { (void)core::require_decode_backend(Device::cuda).plan(t.p); }, "",
+                                     {"over cache tensors", "bfloat16 pages for bfloat16 queries"});
+    } else {
+      std::unique_ptr<core::DecodeWork> w;
+      EXPECT_NO_THROW(w = core::require_decode_backend(Device::cuda).plan(t.p));
+      if (w != nullptr) {
+        EXPECT_NE(w->path().find("k=int4 v=int4"), std::string::npos) << w->path();
+      }
+    }
+  }
 }
 
 }  // namespace

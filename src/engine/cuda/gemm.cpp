@@ -3,6 +3,7 @@
 // the CUDA engine loads where cuBLAS is absent, and the engine names what it could not find.
 #include "engine/cuda/gemm.hpp"
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <mutex>
@@ -21,6 +22,8 @@ struct CublasApi {
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   std::string error;  ///< why loading failed ("" = loaded)
 };
 
@@ -35,7 +38,11 @@ const CublasApi& api() {
           r.destroy = reinterpret_cast<decltype(r.destroy)>(::dlsym(h, "cublasDestroy_v2"));
           r.gemm_ex = reinterpret_cast<decltype(r.gemm_ex)>(::dlsym(h, "cublasGemmEx"));
           r.status_name = reinterpret_cast<decltype(r.status_name)>(::dlsym(h, "cublasGetStatusName"));
-          return r.create && r.destroy && r.gemm_ex && r.status_name ? "" : "missing cublasCreate_v2 / cublasGemmEx";
+          r.set_stream = reinterpret_cast<decltype(r.set_stream)>(::dlsym(h, "cublasSetStream_v2"));
+          r.set_workspace = reinterpret_cast<decltype(r.set_workspace)>(::dlsym(h, "cublasSetWorkspace_v2"));
+          return r.create && r.destroy && r.gemm_ex && r.status_name && r.set_stream && r.set_workspace
+                     ? ""
+                     : "missing cublasCreate_v2 / cublasGemmEx / cublasSetStream_v2 / cublasSetWorkspace_v2";
         });
     if (lib.handle != nullptr) return r;
     r.error = "flashkv: the CUDA engine needs cuBLAS 13 (libcublas.so.13) and could not load it (" + lib.tried +
@@ -52,12 +59,24 @@ void check_blas(cublasStatus_t s, const char* what) {
 
 }  // namespace
 
-Blas::Blas() {
+Blas::Blas(cudaStream_t stream) {
   if (!api().error.empty()) throw UnsupportedError(api().error);
   check_blas(api().create(&handle_), "cublasCreate");
+  if (cudaMalloc(&workspace_, kWorkspaceBytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    workspace_ = nullptr;
+    api().destroy(handle_);
+    handle_ = nullptr;
+    throw CapacityError("flashkv: CUDA engine: cannot allocate the cuBLAS workspace (" +
+                        std::to_string(kWorkspaceBytes) + " bytes)");
+  }
+  // cublasSetStream resets the workspace to cuBLAS's own pool: the stream first, then our workspace.
+  check_blas(api().set_stream(handle_, stream), "cublasSetStream");
+  check_blas(api().set_workspace(handle_, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
 }
 Blas::~Blas() {
   if (handle_ != nullptr) api().destroy(handle_);
+  if (workspace_ != nullptr) cudaFree(workspace_);
 }
 
 void Blas::matmul(const uint16_t* x, int t, int in, const uint16_t* w, int out, float* y, float beta) const {

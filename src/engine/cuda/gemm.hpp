@@ -9,11 +9,15 @@
 
 namespace flashkv::engine_cuda {
 
-/// Owns a cuBLAS handle bound to the legacy default stream (every engine kernel and the KV cache run there).
+/// Owns a cuBLAS handle bound to the engine's stream, with its own workspace (kWorkspaceBytes of device memory set by
+/// cublasSetWorkspace), so that its products can be captured into CUDA graphs (no allocation inside a capture) and
+/// every product of the engine uses the same workspace, captured or not — hence the same cuBLAS kernels.
 class Blas {
  public:
-  /// Throws UnsupportedError naming what was tried when cuBLAS cannot be loaded.
-  Blas();
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  ///< cuBLAS's recommendation for Hopper
+  /// Throws UnsupportedError naming what was tried when cuBLAS cannot be loaded; CapacityError when the workspace
+  /// cannot be allocated.
+  explicit Blas(cudaStream_t stream);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
@@ -24,6 +28,7 @@ class Blas {
 
  private:
   cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
 };
 
 }  // namespace flashkv::engine_cuda

@@ -5,10 +5,12 @@
 #include <cub/cub.cuh>
 
 #include <climits>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.hpp"
 #include "cuda/util.hpp"
+#include "engine/cuda/dev_mem.hpp"
 #include "flashkv/error.hpp"
 
 namespace flashkv::engine_cuda {
@@ -189,6 +191,7 @@ __global__ void sort_prep_kernel(const float* __restrict__ logits, int64_t V, in
 
 struct SampleWorkspace::Buffers {
   std::unique_ptr<cuda::DeviceBuffer> keys_in, keys_out, ids_in, ids_out, flags, offsets, params, tokens, temp;
+  PinnedMem params_host, tokens_host;  ///< page-locked staging: the two copies per call are truly asynchronous
   size_t items = 0, rows = 0, temp_bytes = 0;
 };
 
@@ -220,11 +223,14 @@ std::vector<int32_t> sample_rows(const float* logits, int64_t vocab, const RowSa
     b.offsets = std::make_unique<cuda::DeviceBuffer>((static_cast<size_t>(rows) + 1) * 4, stream);
     b.params = std::make_unique<cuda::DeviceBuffer>(static_cast<size_t>(rows) * sizeof(RowSampling), stream);
     b.tokens = std::make_unique<cuda::DeviceBuffer>(static_cast<size_t>(rows) * 4, stream);
+    b.params_host = PinnedMem(static_cast<size_t>(rows) * sizeof(RowSampling));
+    b.tokens_host = PinnedMem(static_cast<size_t>(rows) * 4);
     b.temp.reset();
     b.temp_bytes = 0;
   }
-  cuda::check_cuda(cudaMemcpyAsync(b.params->get(), params, static_cast<size_t>(rows) * sizeof(RowSampling),
-                                   cudaMemcpyHostToDevice, stream),
+  std::memcpy(b.params_host.as<void>(), params, static_cast<size_t>(rows) * sizeof(RowSampling));
+  cuda::check_cuda(cudaMemcpyAsync(b.params->get(), b.params_host.as<void>(),
+                                   static_cast<size_t>(rows) * sizeof(RowSampling), cudaMemcpyHostToDevice, stream),
                    "engine sampling: upload parameters");
   if (sort) {
     const int blocks = static_cast<int>(std::min<int64_t>((static_cast<int64_t>(items) + 255) / 256, 65535));
@@ -251,9 +257,11 @@ std::vector<int32_t> sample_rows(const float* logits, int64_t vocab, const RowSa
                                                b.ids_out->as<int32_t>(), b.flags->as<uint8_t>(),
                                                b.tokens->as<int32_t>());
   cuda::check_cuda(cudaGetLastError(), "engine sampling: kernel");
-  cuda::check_cuda(cudaMemcpyAsync(out.data(), b.tokens->get(), out.size() * 4, cudaMemcpyDeviceToHost, stream),
+  cuda::check_cuda(cudaMemcpyAsync(b.tokens_host.as<void>(), b.tokens->get(), out.size() * 4, cudaMemcpyDeviceToHost,
+                                   stream),
                    "engine sampling: download tokens");
   cuda::check_cuda(cudaStreamSynchronize(stream), "engine sampling");
+  std::memcpy(out.data(), b.tokens_host.as<void>(), out.size() * 4);
   return out;
 }
 

@@ -36,7 +36,9 @@ class SampleWorkspace {
 /// Σ (float64), then, when top_k is in (0, vocab), the top_k most probable tokens and, when top_p < 1, the smallest
 /// prefix (order by probability, ties to the lower id: a stable sort by logit) whose cumulative mass reaches top_p of
 /// the kept mass; renormalized. The token is the first id (ascending) whose running CDF exceeds u, skipping zero
-/// probabilities; the last positive-probability id when rounding leaves u above the top. Synchronizes `stream`.
+/// probabilities; the last positive-probability id when rounding leaves u above the top. One upload of the parameters
+/// and one download of the tokens (page-locked staging; the workspace grows only when `rows` or vocab does), then
+/// synchronizes `stream` once.
 std::vector<int32_t> sample_rows(const float* logits, int64_t vocab, const RowSampling* params, int rows,
                                  SampleWorkspace& ws, cudaStream_t stream);
 

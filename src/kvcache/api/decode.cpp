@@ -11,22 +11,11 @@
 #include "core/validate.hpp"
 #include "flashkv/decode.hpp"
 #include "flashkv/kvcache.hpp"
+#include "kvcache/api/plan_impl.hpp"
 #include "kvcache/attention/cpu_decode.hpp"
 #include "kvcache/cache/cache_impl.hpp"
 
 namespace flashkv {
-
-struct DecodePlan::Impl {
-  std::unique_ptr<core::DecodeWork> work;
-  core::DecodeProblem proto;  ///< the planned problem without layer / io pointers
-  const PagedKVCache::Impl* cache = nullptr;
-  std::vector<int64_t> seq_ids, seqlens_k;
-  std::vector<int32_t> cu_seqlens_q, page_table;
-  std::vector<uint64_t> versions;
-  std::vector<const uint16_t*> window_bases;
-  std::vector<float> head_scales[2];
-  std::string format_names[2];
-};
 
 DecodePlan::DecodePlan() = default;
 DecodePlan::~DecodePlan() = default;
@@ -37,14 +26,13 @@ int64_t DecodePlan::batch() const { return valid() ? impl_->proto.batch : 0; }
 int32_t DecodePlan::num_splits() const { return valid() ? impl_->work->num_splits() : 0; }
 std::string DecodePlan::path() const { return valid() ? impl_->work->path() : std::string(); }
 
-namespace {
+namespace kv {
 
 std::unique_ptr<core::DecodeWork> plan_on_device(const core::DecodeProblem& p) {
   if (p.kv.device == Device::cpu) return kv::plan_cpu_decode(p);
   return core::require_decode_backend(p.kv.device).plan(p);
 }
 
-/// Layer-dependent parts of a cache problem: the pages of `layer` and the window buffers.
 void bind_layer(core::DecodeProblem& p, const PagedKVCache::Impl& m, int32_t layer) {
   p.kv.layer = layer;
   for (int half = 0; half < 2; ++half) {
@@ -52,7 +40,10 @@ void bind_layer(core::DecodeProblem& p, const PagedKVCache::Impl& m, int32_t lay
   }
 }
 
-}  // namespace
+}  // namespace kv
+
+using kv::bind_layer;
+using kv::plan_on_device;
 
 DecodePlan plan_decode(const PagedKVCache& cache, std::span<const int64_t> seq_ids,
                        std::span<const int32_t> cu_seqlens_q, int64_t num_heads, int32_t layer,
@@ -127,8 +118,10 @@ DecodePlan plan_decode(const PagedKVCache& cache, std::span<const int64_t> seq_i
   for (int half = 0; half < 2; ++half) {
     kv.format[half] = m.codec(half).format();
     kv.head_scales[half] = plan->head_scales[half].empty() ? nullptr : plan->head_scales[half].data();
+    kv.device_head_scales[half] = m.device_head_scales(half);
     kv.format_name[half] = plan->format_names[half].c_str();
   }
+  kv.paged_cache = true;
   kv.regions = m.regions;
   kv.window = m.wgeom;
   kv.window_bases = m.regions.has_window() ? plan->window_bases.data() : nullptr;
@@ -154,6 +147,7 @@ void run_decode(const PagedKVCache& cache, DecodePlan& plan, int32_t layer, cons
   DecodePlan::Impl& pl = *plan.impl_;
   const PagedKVCache::Impl& m = *cache.impl_;
   if (pl.cache != &m) throw Error("plan", "a plan made for this cache", "a plan of another cache");
+  if (pl.step) throw Error("plan", "a plan from plan_decode", "a step plan (kv::plan_step_decode; run_step_decode runs it)");
   m.check_layer(layer);
   for (size_t b = 0; b < pl.seq_ids.size(); ++b) {
     const PagedKVCache::Impl::Seq& s = m.seq(pl.seq_ids[b], "seq_ids");

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "flashkv/kvcache.hpp"
@@ -42,6 +43,9 @@ struct PagedKVCache::Impl {
 
   int64_t num_pages = 0;
   kv::Storage codes, meta;
+  /// A device cache's static fp8 scales per kv head ([num_heads_kv] float32) on its device, per half (head_static
+  /// formats only; empty otherwise): read by the device append and decode without an upload (graph-capturable).
+  kv::Storage head_scales_dev[2];
   std::vector<int32_t> free_list;  ///< stack of free page ids
   std::map<int64_t, Seq> seqs;
   uint64_t next_version = 1;
@@ -82,6 +86,12 @@ struct PagedKVCache::Impl {
   void reserve_pages(int64_t extra, const std::string& what);
   /// Takes a page from the free list for sequence s.
   void take_page(Seq& s);
+  /// Fills head_scales_dev from the codecs (device caches; construction and to()).
+  void upload_head_scales();
+  /// head_scales_dev[half] as a device pointer, or nullptr.
+  const float* device_head_scales(int half) const {
+    return head_scales_dev[half].bytes() > 0 ? reinterpret_cast<const float*>(head_scales_dev[half].data()) : nullptr;
+  }
 
   /// Decodes positions [p0, p1) of (seq, layer, half, head) of a host cache into out [p1 − p0][head_dim] float, in the
   /// stored (rotated) basis. The range must lie inside one region: sinks, one page of the quantized stream, residual.
@@ -92,6 +102,38 @@ struct PagedKVCache::Impl {
     regions.for_each_tile(s.n[static_cast<size_t>(layer)], cfg.page_size, p0, p1, max_tile, fn);
   }
 };
+
+namespace kv {
+
+/// Internal code's access to a PagedKVCache's state (the step API, kvcache/api/cache_step.hpp; tests).
+struct CacheAccess {
+  static PagedKVCache::Impl& impl(PagedKVCache& c) { return *c.impl_; }
+  static const PagedKVCache::Impl& impl(const PagedKVCache& c) { return *c.impl_; }
+};
+
+/// The checks of append() (rank 3: k / v [n_tokens, Hk, d]) and of the batched append (rank 4: [batch, n_tokens, Hk,
+/// d]) that do not need the values: layout, dtypes, devices, shapes (Error / TypeError naming k / v).
+void check_append_rows(const PagedKVCache::Impl& m, const TensorView& k, const TensorView& v, int rank);
+
+/// CUDA rows of a device append: k / v [batch, n_tokens, num_heads_kv, head_dim] with element strides (batch, row,
+/// head; the last dimension contiguous), of `dtype` on device `device_index`.
+struct DeviceRows {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::bfloat16;
+  int32_t device_index = 0;
+  int64_t k_strides[3] = {0, 0, 0}, v_strides[3] = {0, 0, 0};
+};
+
+/// Appends `n_tokens` rows to each sequence seq_ids[b] (registered, distinct) in `layer` of a device cache without
+/// windows, KIVI keys or rotation: pages taken for all of them first (CapacityError, nothing changed), one upload of
+/// the page table and lengths, the values checked on the device (Error naming k / v and the element, nothing written
+/// and the pages given back), then one launch writes every row (copied for a 16-bit cache fed its dtype, quantized on
+/// the device otherwise). Synchronous. UnsupportedError / TypeError naming what the device append cannot take.
+void append_device_rows(PagedKVCache::Impl& m, std::span<const int64_t> seq_ids, int32_t layer, int64_t n_tokens,
+                        const DeviceRows& rows);
+
+}  // namespace kv
 
 /// In-place randomized Walsh–Hadamard rotation x ← H·D·x / sqrt(n) (forward) or its inverse D·H·x / sqrt(n);
 /// n a power of two, signs the ±1 diagonal D.

@@ -102,6 +102,17 @@ PagedKVCache::Impl::Impl(const KVCacheConfig& c) : cfg(c) {
   }
   free_list.reserve(static_cast<size_t>(num_pages));
   for (int64_t p = num_pages - 1; p >= 0; --p) free_list.push_back(static_cast<int32_t>(p));
+  upload_head_scales();
+}
+
+void PagedKVCache::Impl::upload_head_scales() {
+  for (int half = 0; half < 2; ++half) {
+    const kv::KVCodec& c = codec(half);
+    if (on_host() || c.format().scaling != kv::KVScaling::head_static || c.head_scales().empty()) continue;
+    const int64_t bytes = static_cast<int64_t>(c.head_scales().size()) * 4;
+    head_scales_dev[half] = kv::Storage(cfg.device, cfg.device_index, bytes, 0);
+    head_scales_dev[half].write(0, c.head_scales().data(), bytes);
+  }
 }
 
 PagedKVCache::Impl::Impl(const Impl& o, Device device, int32_t device_index)
@@ -127,6 +138,7 @@ PagedKVCache::Impl::Impl(const Impl& o, Device device, int32_t device_index)
     t.win.copy_from(s.win, 0, 0, s.win.bytes());
     seqs.emplace(id, std::move(t));
   }
+  upload_head_scales();
 }
 
 const PagedKVCache::Impl::Seq& PagedKVCache::Impl::seq(int64_t seq_id, const char* arg) const {
@@ -266,116 +278,21 @@ bool needs_fp16_range(const kv::KVHalfFormat& f) {
 }
 }  // namespace
 
-namespace {
-/// Device append of CUDA k / v through the decode backend (no windows / rotation): a bf16 / fp16 cache fed its own dtype
-/// is copied (the 16-bit append kernel); any other token-granular format (fp8, int8 / int4 with groups, mixed K / V) is
-/// quantized on the device by the format trait's encode_unit, the CPU codec's codes bit for bit (issue #12).
-void append_on_device(PagedKVCache::Impl& m, PagedKVCache::Impl::Seq& s, int32_t layer, const TensorView& k,
-                      const TensorView& v) {
-  const KVCacheConfig& c = m.cfg;
-  if (m.regions.has_window() || m.rot_k || m.rot_v) {
-    throw UnsupportedError("flashkv: appending CUDA tensors to a cache with sinks, a residual window, KIVI keys (their "
-                           "bf16 tail) or rotation is not supported on the device yet (this cache: " +
-                           c.k_format.name() + "/" + c.v_format.name() + ", sink_tokens " +
-                           std::to_string(c.sink_tokens) + ", residual_tokens " + std::to_string(c.residual_tokens) +
-                           "); append host tensors (quantized on the host, uploaded)");
-  }
-  const bool sixteen = c.k_format == c.v_format && (c.k_format.format == KVFormat::bf16 || c.k_format.format == KVFormat::fp16);
-  const DType want = c.k_format.format == KVFormat::fp16 ? DType::float16 : DType::bfloat16;
-  if (sixteen && k.dtype != want) {
-    throw TypeError("k.dtype", std::string(dtype_name(want)) + " (the cache's format)", dtype_name(k.dtype));
-  }
-  if (k.device_index != c.device_index) {
-    throw TypeError("k.device", "cuda:" + std::to_string(c.device_index) + " (the cache's device)",
-                    "cuda:" + std::to_string(k.device_index));
-  }
-  const int64_t N = k.shape[0];
-  const int64_t n0 = s.n[static_cast<size_t>(layer)], n1 = n0 + N;
-  const int64_t need = (n1 + c.page_size - 1) / c.page_size;
-  m.reserve_pages(need - static_cast<int64_t>(s.pages.size()), "appending " + std::to_string(N) + " tokens to layer " +
-                                                                   std::to_string(layer));
-  const size_t pages_before = s.pages.size();
-  const uint64_t version_before = s.version;
-  while (static_cast<int64_t>(s.pages.size()) < need) m.take_page(s);
-  // one-row page table and length on the device (#12 brings the batched append of a whole step)
-  kv::Storage table(c.device, c.device_index, static_cast<int64_t>(s.pages.size()) * 4, 0);
-  table.write(0, s.pages.data(), static_cast<int64_t>(s.pages.size()) * 4);
-  const int32_t len = static_cast<int32_t>(n0);
-  kv::Storage lens(c.device, c.device_index, 4, 0);
-  lens.write(0, &len, 4);
-  core::DecodeProblem p;
-  p.batch = 1;
-  p.num_heads_kv = c.num_heads_kv;
-  p.head_dim = c.head_dim;
-  p.seqlen_q = N;
-  p.dtype = k.dtype;
-  p.device = Device::cuda;
-  p.device_index = c.device_index;
-  p.k_new = k.data;
-  p.v_new = v.data;
-  p.k_new_strides = {0, k.strides[0], k.strides[1]};
-  p.v_new_strides = {0, v.strides[0], v.strides[1]};
-  p.kv.device = Device::cuda;
-  p.kv.device_index = c.device_index;
-  p.kv.page_size = c.page_size;
-  const std::string names[2] = {c.k_format.name(), c.v_format.name()};
-  for (int half = 0; half < 2; ++half) {
-    p.kv.pages[half] = kv::HalfPages::of_pool(m.geom, m.codes.data(), m.meta.data(), layer, half);
-    p.kv.format[half] = m.codec(half).format();
-    p.kv.format_name[half] = names[half].c_str();
-    if (p.kv.format[half].scaling == kv::KVScaling::head_static) p.kv.head_scales[half] = m.codec(half).head_scales().data();
-  }
-  p.kv.page_table = reinterpret_cast<const int32_t*>(table.data());
-  p.kv.page_table_stride = static_cast<int64_t>(s.pages.size());
-  p.kv.max_pages = static_cast<int64_t>(s.pages.size());
-  p.kv.capacity = p.kv.max_pages * c.page_size;
-  p.kv.seqlens = reinterpret_cast<const int32_t*>(lens.data());
-  p.kv.seqlen_add = N;
-  const core::DecodeBackend& be = core::require_decode_backend(Device::cuda);
-  if (be.append == nullptr) throw UnsupportedError("flashkv: the CUDA backend has no KV append");
-  try {
-    be.append(p);  // synchronizes before `table` / `lens` are freed
-  } catch (...) {  // a rejected value (checked on the device before anything is written): give the new pages back
-    while (s.pages.size() > pages_before) {
-      m.free_list.push_back(s.pages.back());
-      s.pages.pop_back();
-    }
-    s.version = version_before;
-    throw;
-  }
-  s.n[static_cast<size_t>(layer)] = n1;
-  s.nq[static_cast<size_t>(layer)] = n1;
-}
-}  // namespace
-
 void PagedKVCache::append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v) {
   Impl& m = *impl_;
   const KVCacheConfig& c = m.cfg;
   (void)m.seq(seq_id);
   m.check_layer(layer);
   const int64_t H = c.num_heads_kv, d = c.head_dim, P = c.page_size, S = c.sink_tokens;
-  core::check_rank_and_layout(k, "k", 3, "[n_tokens, num_heads_kv, head_dim]");
-  core::check_rank_and_layout(v, "v", 3, "[n_tokens, num_heads_kv, head_dim]");
-  if (k.dtype != DType::float32 && k.dtype != DType::float16 && k.dtype != DType::bfloat16) {
-    throw TypeError("k.dtype", "float32, float16 or bfloat16", dtype_name(k.dtype));
-  }
-  core::check_dtype(v, "v", k.dtype);
-  core::check_same_device(v, "v", k, "k");
-  if (k.device != Device::cpu && !(k.device == c.device && c.device != Device::cpu)) {
-    throw TypeError("k.device", std::string("cpu") + (c.device != Device::cpu ? " or the cache's device" : ""),
-                    device_name(k.device));
-  }
-  core::check_dim(k, "k", 1, H, "num_heads_kv");
-  core::check_dim(k, "k", 2, d, "head_dim");
-  core::check_dim(v, "v", 0, k.shape[0], "n_tokens (= k.shape[0])");
-  core::check_dim(v, "v", 1, H, "num_heads_kv");
-  core::check_dim(v, "v", 2, d, "head_dim");
-  core::check_data(k, "k");
-  core::check_data(v, "v");
+  kv::check_append_rows(m, k, v, 3);
   const int64_t N = k.shape[0];
   if (N == 0) return;
   if (k.device != Device::cpu) {
-    append_on_device(m, m.seqs.at(seq_id), layer, k, v);
+    kv::DeviceRows rows;
+    rows.k = k.data, rows.v = v.data, rows.dtype = k.dtype, rows.device_index = k.device_index;
+    rows.k_strides[1] = k.strides[0], rows.k_strides[2] = k.strides[1];
+    rows.v_strides[1] = v.strides[0], rows.v_strides[2] = v.strides[1];
+    kv::append_device_rows(m, {&seq_id, 1}, layer, N, rows);
     return;
   }
 
