@@ -9,6 +9,8 @@ V3_FP8_VARIANT("ilp2", 64, 192, 2, .transpose_ilp = 2);
 V3_FP8_VARIANT("no_pingpong", 64, 192, 2, .pingpong = false);
 V3_FP8_VARIANT("emu1", 64, 192, 2, .exp2_emu_eighths = 1);
 V3_FP8_VARIANT("emu2", 64, 192, 2, .exp2_emu_eighths = 2);
+V3_FP8_VARIANT("emu3", 64, 192, 2, .exp2_emu_eighths = 3);
+V3_FP8_VARIANT("emu4", 64, 192, 2, .exp2_emu_eighths = 4);
 V3_FP8_VARIANT("n160", 64, 160, 2, );
 V3_FP8_VARIANT("n160_no_pp", 64, 160, 2, .pingpong = false);
 V3_FP8_VARIANT("n128", 64, 128, 2, );
