@@ -209,8 +209,10 @@ def cmd_check(lib_path, outdir, skip):
             for case in cases:
                 for causal in (False, True):
                     res.append(check_one(lib, var, case, causal, (-1, -1), gen))
-            if full:
+            if full or var["name"].startswith("fp8/"):
                 res.append(check_one(lib, var, (2, 700, 900, 2, 2), False, (100, 20), gen))  # sliding window
+            if var["name"].startswith("fp8/"):  # a wide window: masked tiles at both ends, fully visible ones between
+                res.append(check_one(lib, var, (1, 1500, 2000, 2, 1), False, (700, 300), gen))
             bad = [r for r in res if not r["ok"]]
             rec = dict(kind="check", variant=var["name"], config=var["config"], seed=seed, ok=not bad,
                        n=len(res), max_ratio=max(r["ratio"] for r in res), max_lse_err=max(r["lse_err"] for r in res),
