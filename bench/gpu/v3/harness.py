@@ -10,6 +10,12 @@ Correctness (fresh random inputs, seed printed): outputs and lse poisoned with N
 (bottom-right) and one sliding window; seqlens that are not tile multiples, seqlen_q != seqlen_k, GQA/MQA; every
 head dim of the variant. Rule (docs/engineering.md): max |out - ref64| <= 2 x the naive same-precision
 computation's max error + 1e-5; lse within 1e-3 (natural log) with -inf exactly where no key is visible; no NaN left.
+FP8 variants ("fp8/..."; float8_e4m3fn q/k/v from torch.randn, bfloat16 out, unit descales): the float64
+reference runs on the e4m3 values; the naive same-precision baseline is tests/cuda/fp8_test_util.hpp's naive_fp8
+(scores in float32, P = exp(s - m) * 2^8 rounded to e4m3, P V in float32, / the float32 sum of the unrounded P,
+rounded to bfloat16); they are timed next to FA3's FP8 forward on the same e4m3 tensors.
+V3_FAMILIES (comma list of name prefixes, e.g. "fp8") restricts check and bench to those variants; the 16-bit
+anchors (FA3 bf16, cuDNN) are skipped when no 16-bit variant is selected.
 Timing: triton do_bench median (L2 flushed between runs), FLOPs = 4 * batch * heads * seqlen^2 * d (/2 causal).
 Each line of the jsonl outputs is written (and flushed) as soon as it is known, and every kernel is waited for
 with a host-side timeout, so a hang or crash loses only the variant that caused it (run.sh restarts past it).
@@ -25,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 HANG_S = float(os.environ.get("V3_HANG_S", "8"))
+FP8 = torch.float8_e4m3fn
 
 
 def load(lib_path):
@@ -36,9 +43,13 @@ def load(lib_path):
     lib.v3_run.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 5 + \
         [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p]
     variants = []
+    fams = [x for x in os.environ.get("V3_FAMILIES", "").split(",") if x]
     for i in range(lib.v3_num_variants()):
-        variants.append(dict(idx=i, name=lib.v3_variant_name(i).decode(), config=lib.v3_variant_config(i).decode(),
-                             d=lib.v3_variant_head_dim(i), dtype=[torch.bfloat16, torch.float16][lib.v3_variant_dtype(i)]))
+        name = lib.v3_variant_name(i).decode()
+        if fams and not any(name.startswith(f + "/") for f in fams):
+            continue
+        variants.append(dict(idx=i, name=name, config=lib.v3_variant_config(i).decode(), d=lib.v3_variant_head_dim(i),
+                             dtype=[torch.bfloat16, torch.float16, FP8][lib.v3_variant_dtype(i)]))
     return lib, variants
 
 
@@ -97,7 +108,7 @@ def visible_mask(sq, sk, window, device):
     return m
 
 
-def reference(q, k, v, window, dtype64=True):
+def reference(q, k, v, window, dtype64=True, fp8=False):
     """float64 (dtype64) or naive same-precision attention with the explicit mask; returns out [b,sq,h,d], lse [b,h,sq]."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -115,6 +126,18 @@ def reference(q, k, v, window, dtype64=True):
         p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key: p = 0
         o = (p @ vd).transpose(1, 2)
         return o, lse
+    if fp8:  # tests/cuda/fp8_test_util.hpp naive_fp8 (q, k, v hold the e4m3 values, as float32)
+        ql, kl, vl = (x.float().transpose(1, 2) for x in (q, kk, vv))
+        s = (ql @ kl.transpose(-1, -2)) * scale
+        s = s.masked_fill(~mask, -math.inf)
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp(s - m)
+        p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key
+        l = p.sum(dim=-1, keepdim=True)
+        p8 = (p * 256.0).to(FP8).float()
+        o = (p8 @ vl) / (256.0 * l)
+        o = torch.nan_to_num(o, nan=0.0).to(torch.bfloat16)
+        return o.transpose(1, 2), None
     # naive same precision: S in the input dtype (fp32 accumulate), softmax in fp32 rounded to the dtype, P V in dtype
     ql, kl, vl = (x.transpose(1, 2) for x in (q, kk, vv))
     s = (ql @ kl.transpose(-1, -2)).float() * scale
@@ -141,16 +164,21 @@ QUICK = [(2, 203, 113, 4, 2), (1, 1000, 1000, 3, 3), (4, 1100, 700, 16, 4)]
 def check_one(lib, var, case, causal, window, gen):
     b, sq, sk, h, hk = case
     d, dt = var["d"], var["dtype"]
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dt, generator=gen)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dt, generator=gen)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dt, generator=gen)
-    out = torch.full_like(q, float("nan"))
+    is8 = dt == FP8
+    gdt = torch.bfloat16 if is8 else dt
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=gdt, generator=gen)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=gdt, generator=gen)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=gdt, generator=gen)
+    out = torch.full_like(q, float("nan"))  # bfloat16 out for FP8
+    if is8:
+        q, k, v = (x.to(FP8) for x in (q, k, v))
     lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
     w = (window[0], 0) if causal else window
     run_variant(lib, var, q, k, v, out, lse, causal, window)
     wait_or_die(var["name"])
-    ref, ref_lse = reference(q, k, v, w)
-    naive, _ = reference(q, k, v, w, dtype64=False)
+    qr, kr, vr = (x.float() for x in (q, k, v)) if is8 else (q, k, v)  # e4m3 values exactly, as float32
+    ref, ref_lse = reference(qr, kr, vr, w)
+    naive, _ = reference(qr, kr, vr, w, dtype64=False, fp8=is8)
     err = (out.double() - ref).abs().max().item()
     err_naive = (naive.double() - ref).abs().max().item()
     unwritten = int(torch.isnan(out).sum().item())
@@ -181,8 +209,10 @@ def cmd_check(lib_path, outdir, skip):
             for case in cases:
                 for causal in (False, True):
                     res.append(check_one(lib, var, case, causal, (-1, -1), gen))
-            if full:
+            if full or var["name"].startswith("fp8/"):
                 res.append(check_one(lib, var, (2, 700, 900, 2, 2), False, (100, 20), gen))  # sliding window
+            if var["name"].startswith("fp8/"):  # a wide window: masked tiles at both ends, fully visible ones between
+                res.append(check_one(lib, var, (1, 1500, 2000, 2, 1), False, (700, 300), gen))
             bad = [r for r in res if not r["ok"]]
             rec = dict(kind="check", variant=var["name"], config=var["config"], seed=seed, ok=not bad,
                        n=len(res), max_ratio=max(r["ratio"] for r in res), max_lse_err=max(r["lse_err"] for r in res),
@@ -217,6 +247,12 @@ def cmd_bench(lib_path, outdir, only, seqlens, skip=(), pass_no=1):
     with open(os.path.join(outdir, "bench.jsonl"), "a") as f:
         for d in (64, 128, 256):
             h = 2048 // d
+            mine = [x for x in variants if x["d"] == d and x["dtype"] in (torch.bfloat16, FP8) and
+                    not (only and x["name"] not in only) and x["name"] not in skip]
+            has16 = any(x["dtype"] == torch.bfloat16 for x in mine)
+            has8 = any(x["dtype"] == FP8 for x in mine)
+            if not mine:
+                continue
             for s in seqlens:
                 b = 16384 // s
                 q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
@@ -225,23 +261,25 @@ def cmd_bench(lib_path, outdir, only, seqlens, skip=(), pass_no=1):
                 out = torch.empty_like(q)
                 lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                q8, k8, v8 = (x.to(FP8) for x in (q, k, v))
                 for causal in (False, True):
                     if (d, s, causal, pass_no) in done:
                         continue
                     fl = flops(b, h, s, d, causal)
                     rec = dict(kind="bench", d=d, s=s, b=b, h=h, causal=causal, tflops={}, **{"pass": pass_no})
-                    if fa3 is not None:
+                    if fa3 is not None and has16:
                         rec["tflops"]["fa3"] = fl / bench(lambda: fa3.flash_attn_func(q, k, v, causal=causal)) / 1e9
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        rec["tflops"]["cudnn"] = fl / bench(
-                            lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)) / 1e9
-                    for var in variants:
-                        if var["d"] != d or var["dtype"] != torch.bfloat16:
-                            continue
-                        if (only and var["name"] not in only) or var["name"] in skip:
-                            continue
+                    if fa3 is not None and has8:
+                        rec["tflops"]["fa3_fp8"] = fl / bench(
+                            lambda: fa3.flash_attn_func(q8, k8, v8, causal=causal)) / 1e9
+                    if has16:
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            rec["tflops"]["cudnn"] = fl / bench(
+                                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)) / 1e9
+                    for var in mine:
                         print(f"START {var['name']}", flush=True)
-                        call = make_call(lib, var, q, k, v, out, lse, causal)
+                        args = (q8, k8, v8) if var["dtype"] == FP8 else (q, k, v)
+                        call = make_call(lib, var, *args, out, lse, causal)
                         call()
                         wait_or_die(f"{var['name']} s={s} causal={causal}")
                         ms = bench(call)
@@ -250,12 +288,20 @@ def cmd_bench(lib_path, outdir, only, seqlens, skip=(), pass_no=1):
                     f.write(json.dumps(rec) + "\n")
                     f.flush()
                     t = rec["tflops"]
-                    anchor = max(t.get("fa3", 0), t.get("cudnn", 0))
-                    full = t.get(f"ws/hd{d}/full", float("nan"))
-                    print(f"d={d:3d} s={s:5d} c={int(causal)}  full {full:6.1f}  FA3 {t.get('fa3', float('nan')):6.1f}"
-                          f"  cuDNN {t['cudnn']:6.1f}  prev {t.get(f'sm90v1/hd{d}', float('nan')):6.1f}"
-                          f"  full/anchor {full / anchor:.3f}", flush=True)
-                del q, k, v, out, lse, qt, kt, vt
+                    nan = float("nan")
+                    if has16:
+                        anchor = max(t.get("fa3", 0), t.get("cudnn", 0))
+                        full = t.get(f"ws/hd{d}/full", nan)
+                        print(f"d={d:3d} s={s:5d} c={int(causal)}  full {full:6.1f}  FA3 {t.get('fa3', nan):6.1f}"
+                              f"  cuDNN {t['cudnn']:6.1f}  prev {t.get(f'sm90v1/hd{d}', nan):6.1f}"
+                              f"  full/anchor {full / anchor:.3f}", flush=True)
+                    if has8:
+                        f8 = {k_: x for k_, x in t.items() if k_.startswith("fp8/")}
+                        best = max(f8, key=f8.get) if f8 else None
+                        print(f"d={d:3d} s={s:5d} c={int(causal)}  fp8 full {t.get(f'fp8/hd{d}/full', nan):6.1f}  "
+                              f"best {f8.get(best, nan):6.1f} ({best})  FA3 fp8 {t.get('fa3_fp8', nan):6.1f}",
+                              flush=True)
+                del q, k, v, out, lse, qt, kt, vt, q8, k8, v8
                 torch.cuda.empty_cache()
 
 
@@ -291,11 +337,12 @@ def cmd_table(outdir):
         for c in checks:
             lines.append(f"{c['variant']:24s} {'ok  ' if c['ok'] else 'FAIL'} {c['n']:2d} cases  max err/naive "
                          f"{c['max_ratio']:.2f}  lse {c['max_lse_err']:.1e}  [{c['config']}]")
-    if benches:
+    b16 = [r for r in benches if any(k.startswith("ws/") for k in r["tflops"])]
+    if b16:
         lines.append("\n## bf16 forward TFLOP/s (16k tokens, hidden 2048); best = best ws variant")
         lines.append("| hd | seqlen | causal | full | best (variant) | FA3 | cuDNN | prev sm90 | full/max | best/max |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
-        for r in benches:
+        for r in b16:
             t, d = r["tflops"], r["d"]
             ws = {k: x for k, x in t.items() if k.startswith("ws/")}
             best_k = max(ws, key=ws.get) if ws else None
@@ -305,24 +352,46 @@ def cmd_table(outdir):
                          f"({best_k.split('/')[-1] if best_k else '-'}) | {t.get('fa3', float('nan')):.0f} | "
                          f"{t.get('cudnn', float('nan')):.0f} | {t.get(f'sm90v1/hd{d}', float('nan')):.0f} | "
                          f"{full / anchor:.2f} | {ws.get(best_k, float('nan')) / anchor:.2f} |")
-        sp = [(r["spread"].get(k, 0), k, r["d"], r["s"], r["causal"]) for r in benches for k in r["spread"]]
-        if sp and benches[0]["passes"] > 1:
+        sp = [(r["spread"].get(k, 0), k, r["d"], r["s"], r["causal"]) for r in b16 for k in r["spread"]]
+        if sp and b16[0]["passes"] > 1:
             big = sorted(sp, reverse=True)[:4]
-            lines.append(f"\nmeans of {benches[0]['passes']} passes; largest pass-to-pass spreads: " +
+            lines.append(f"\nmeans of {b16[0]['passes']} passes; largest pass-to-pass spreads: " +
                          "; ".join(f"{k} d{d} s{s} c{int(c)} {x:.0%}" for x, k, d, s, c in big) +
                          f"; median spread {sorted(x[0] for x in sp)[len(sp) // 2]:.1%}")
         lines.append("\n## ablation: TFLOP/s of each variant (ws/hd<d>/<tag>)")
         tags = []
-        for r in benches:
+        for r in b16:
             for k in r["tflops"]:
                 if k.startswith("ws/") and k.split("/")[-1] not in tags:
                     tags.append(k.split("/")[-1])
         lines.append("| hd | seqlen | causal | " + " | ".join(tags) + " |")
         lines.append("|---|---|---|" + "---|" * len(tags))
-        for r in benches:
+        for r in b16:
             t, d = r["tflops"], r["d"]
             lines.append(f"| {d} | {r['s']} | {int(r['causal'])} | " +
                          " | ".join(f"{t[f'ws/hd{d}/{g}']:.0f}" if f"ws/hd{d}/{g}" in t else "-" for g in tags) + " |")
+    f8rows = [r for r in benches if any(k.startswith("fp8/") for k in r["tflops"])]
+    if f8rows:
+        lines.append("\n## FP8 e4m3 forward TFLOP/s (bf16 out; 16k tokens, hidden 2048); best = best fp8 variant")
+        lines.append("| hd | seqlen | causal | full | best (variant) | FA3 fp8 | full/FA3 | best/FA3 |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for r in f8rows:
+            t, d = r["tflops"], r["d"]
+            f8 = {k: x for k, x in t.items() if k.startswith("fp8/")}
+            bk = max(f8, key=f8.get)
+            a8 = t.get("fa3_fp8", float("nan"))
+            full = t.get(f"fp8/hd{d}/full", float("nan"))
+            lines.append(f"| {d} | {r['s']} | {int(r['causal'])} | {full:.0f} | {f8[bk]:.0f} ({bk.split('/')[-1]}) | "
+                         f"{a8:.0f} | {full / a8:.2f} | {f8[bk] / a8:.2f} |")
+        tags8 = list(dict.fromkeys(k.split("/")[-1] for r in f8rows for k in r["tflops"] if k.startswith("fp8/")))
+        lines.append("\n## FP8 variants: TFLOP/s of each (fp8/hd<d>/<tag>)")
+        lines.append("| hd | seqlen | causal | FA3 fp8 | " + " | ".join(tags8) + " |")
+        lines.append("|---|---|---|---|" + "---|" * len(tags8))
+        for r in f8rows:
+            t, d = r["tflops"], r["d"]
+            lines.append(f"| {d} | {r['s']} | {int(r['causal'])} | {t.get('fa3_fp8', float('nan')):.0f} | " +
+                         " | ".join(f"{t[f'fp8/hd{d}/{g}']:.0f}" if f"fp8/hd{d}/{g}" in t else "-"
+                                    for g in tags8) + " |")
     text = "\n".join(lines)
     open(os.path.join(outdir, "tables.md"), "w").write(text + "\n")
     # stdout (the device call's tail): a one-line check summary, failures, then the timing tables
@@ -335,7 +404,7 @@ def cmd_table(outdir):
     crashed = read_jsonl(os.path.join(outdir, "crashed.jsonl"))
     for c in crashed:
         print("CRASHED/HUNG", c)
-    print("\n".join(x for x in lines if not x.startswith(("ws/", "sm90v1/", "## correctness"))))
+    print("\n".join(x for x in lines if not x.startswith(("ws/", "sm90v1/", "fp8/", "## correctness"))))
 
 
 def cmd_drive(lib_path, outdir, seqlens, budget_s, passes=1):
@@ -374,7 +443,7 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s, passes=1):
     bad = stage(["check", lib_path, outdir], "crashed.jsonl")
     checks = read_jsonl(os.path.join(outdir, "check.jsonl"))
     failed = [c["variant"] for c in checks if not c["ok"]]
-    if not any(c["ok"] and c["variant"].startswith("ws/") for c in checks):
+    if not any(c["ok"] and c["variant"].startswith(("ws/", "fp8/")) for c in checks):
         print("no ws variant passed the check: no benchmark", flush=True)
         cmd_table(outdir)
         return
@@ -387,15 +456,17 @@ def cmd_drive(lib_path, outdir, seqlens, budget_s, passes=1):
 
 
 def cmd_once(lib_path, name, d, s, causal):
-    """Runs one kernel (a variant name, 'fa3' or 'cudnn') on the FA3-paper shape inside cudaProfilerStart/Stop
-    (for ncu --profile-from-start off)."""
+    """Runs one kernel (a variant name, 'fa3', 'fa3_fp8' or 'cudnn') on the FA3-paper shape inside
+    cudaProfilerStart/Stop (for ncu --profile-from-start off)."""
     lib, variants = load(lib_path)
     h, b = 2048 // d, 16384 // s
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-    if name == "fa3":
+    if name == "fa3_fp8" or name.startswith("fp8/"):  # e4m3 inputs, bfloat16 out
+        q, k, v = (x.to(FP8) for x in (q, k, v))
+    if name in ("fa3", "fa3_fp8"):
         import fa3_fwd_interface as fa3
         fn = lambda: fa3.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
     elif name == "cudnn":

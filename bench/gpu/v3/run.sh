@@ -26,17 +26,18 @@ PYTHONUNBUFFERED=1 timeout "${V3_TIMEOUT:-500}" python3 "$here/harness.py" drive
 rc=$?
 grep -E "^(check|DONE .*FAIL|HANG|stage exited|bench skips|FA3|Traceback|RuntimeError)" "$OUT/harness.log" | cut -c1-300 | tail -30
 echo "harness rc $rc, total $(( $(date +%s) - t0 )) s"
-# ncu on one cell (ours vs FA3), when there is time left: V3_NCU="d seqlen causal", empty to skip.
+# ncu on one cell (ours vs FA3), when there is time left: V3_NCU="d seqlen causal", empty to skip; V3_NCU_WHO =
+# the kernels to profile (default "ws/hd<d>/full fa3"; FP8: "fp8/hd<d>/full fa3_fp8").
 if [[ -n "${V3_NCU-128 8192 0}" ]] && command -v ncu > /dev/null && (( $(date +%s) - t0 < ${V3_NCU_UNTIL:-240} )); then
   read -r nd ns nc <<< "${V3_NCU-128 8192 0}"
   m=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' |
       grep -E '^sm__(pipe_tensor_op_gmma_cycles_active|inst_executed_pipe_xu|pipe_fma_cycles_active|pipe_alu_cycles_active|pipe_fmaheavy_cycles_active|inst_executed_pipe_fma|inst_executed_pipe_alu)$' |
       sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
-  for who in "ws/hd$nd/full" fa3; do
+  for who in ${V3_NCU_WHO:-ws/hd$nd/full fa3}; do
     timeout 90 ncu --clock-control none --profile-from-start off -c 2 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats ${m:+--metrics $m} \
       python3 "$here/harness.py" once "$lib" "$who" $nd $ns $nc >> "$OUT/ncu.txt" 2>&1
   done
   grep -E "^  [a-zA-Z_].*\(|Duration|Issue Slots Busy|Executed Ipc A|SM Busy|Compute \(SM\) Th|Memory Th|Registers Per|Stall|Warp Cycles Per Issued|sm__|pct" "$OUT/ncu.txt" | cut -c1-130 | head -70
 fi
-python3 "$here/harness.py" table "$OUT" 2>/dev/null | grep -v "^ws/\|^sm90v1/"
+python3 "$here/harness.py" table "$OUT" 2>/dev/null | grep -v "^ws/\|^sm90v1/\|^fp8/"

@@ -26,7 +26,12 @@
 
 namespace flashkv::cuda::attn {
 
-template <int kMT, bool kRescaleSkip, int kExp2EmuEighths = 0, int kMaxOffset = 0, int kRescaleThresholdLog2 = 8>
+// kRowMaxTree: the row maxima of all the thread's rows are taken first, each over four interleaved partial maxima
+// (fmaxf is exactly associative, NaN ignored in any order: the same m bit for bit), then reduced across the quad
+// together, before any exponential; without it each row's max is one dependent chain of kNT FMNMX, rows one after
+// the other (the FP8 mainloop, whose softmax sits on the tensor cores' critical path, turns it on).
+template <int kMT, bool kRescaleSkip, int kExp2EmuEighths = 0, int kMaxOffset = 0, int kRescaleThresholdLog2 = 8,
+          bool kRowMaxTree = false>
 struct OnlineSoftmax {
   static constexpr float kRescaleThreshold = static_cast<float>(kRescaleThresholdLog2);
   static_assert(kMaxOffset >= 0 && kRescaleThresholdLog2 >= 0, "P = exp2(s - m + offset) <= 2^(offset + threshold)");
@@ -46,14 +51,42 @@ struct OnlineSoftmax {
   template <int kNT>
   __device__ __forceinline__ bool update(Frag<kMT, kNT> s, float scale_log2, float (&corr)[kMT][2]) {
     bool any_rescale = false;
+    [[maybe_unused]] float row_mx[kMT][2];
+    if constexpr (kRowMaxTree) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+            part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s(mt, nt, hh, 0), s(mt, nt, hh, 1)));
+          row_mx[mt][hh] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          row_mx[mt][hh] = fmaxf(row_mx[mt][hh], __shfl_xor_sync(0xffffffffu, row_mx[mt][hh], 1));
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          row_mx[mt][hh] = fmaxf(row_mx[mt][hh], __shfl_xor_sync(0xffffffffu, row_mx[mt][hh], 2));
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = -INFINITY;
+        float mx;
+        if constexpr (kRowMaxTree) {
+          mx = row_mx[mt][hh];
+        } else {
+          mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s(mt, nt, hh, 0), s(mt, nt, hh, 1)));
-        mx = quad_max(mx);
+          for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s(mt, nt, hh, 0), s(mt, nt, hh, 1)));
+          mx = quad_max(mx);
+        }
         const float m_old = row_max[mt][hh];
         // Raise m only when the tile max exceeds it (by more than the threshold with conditional rescaling; the
         // first finite max always raises it since m_old = -inf).

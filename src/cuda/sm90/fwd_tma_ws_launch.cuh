@@ -41,10 +41,10 @@ struct WsLoadTraits {
                                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   }
 };
-template <int kD, int kN, int kS, bool kSoftcap>
-struct WsLoadTraits<FwdMainloopTmaWsFp8<kD, kN, kS, kSoftcap>> {
+template <int kD, int kN, int kS, bool kSoftcap, class Opt>
+struct WsLoadTraits<FwdMainloopTmaWsFp8<kD, kN, kS, kSoftcap, Opt>> {
   static constexpr bool kTma = true;
-  static constexpr int kElemBytes = 1, kSwizzle = FwdMainloopTmaWsFp8<kD, kN, kS, kSoftcap>::kWQ;
+  static constexpr int kElemBytes = 1, kSwizzle = FwdMainloopTmaWsFp8<kD, kN, kS, kSoftcap, Opt>::kWQ;
   static CUtensorMapDataType dtype() { return CU_TENSOR_MAP_DATA_TYPE_UINT8; }
 };
 

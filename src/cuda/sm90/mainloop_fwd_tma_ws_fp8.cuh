@@ -70,7 +70,31 @@ __device__ __forceinline__ Fp8Scales fp8_scales(const FwdParams& p, int b, int h
   return s;
 }
 
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kSoftcap>
+/// Compile-time switches of the FP8 mainloop (the A/B variants of bench/gpu/v3; the library uses the defaults):
+/// pingpong between the two consumer warpgroups (FA3 turns its scheduler barrier off for FP8 below hd128); how many
+/// independent 32-key x 16-column units the V transpose keeps in flight (ldmatrix ... ldmatrix, permutes, stmatrix ...
+/// stmatrix: the shared-memory accesses are volatile asm, so the compiler keeps their source order; 2 makes the
+/// 24-register producer spill its loop state, so 1 is the default);
+/// exp2_emu_eighths: the share of each row's 8-column groups whose exp2 runs on the FMA pipe (common/softmax.cuh);
+/// row_max_tree: the softmax's row maxima as interleaved partial maxima instead of one dependent chain per row;
+/// hoist_mask_test: which K/V tiles need element masks is decided once per work tile (the fully visible tiles are one
+/// contiguous range: core/mask.hpp tile_fully_visible is "k0 >= a and k1 - 1 <= b" and the seqlen_k bound is "k1 <=
+/// seqlen_k"), leaving two integer compares per K/V tile instead of FwdBlock::needs_mask's 64-bit bound arithmetic;
+/// off by default: at hd128 / hd256 the two extra live registers make ptxas spill more in the K/V loop (SASS,
+/// bench/results/fp8-speed-2026-12-01.md), at hd64 it saves ~60 instructions per loop.
+struct Fp8WsOptions {
+  bool pingpong = true;
+  int transpose_ilp = 1;
+  int exp2_emu_eighths = 0;
+  bool row_max_tree = true;
+  bool hoist_mask_test = false;
+};
+/// Options are passed as a class with a `static constexpr Fp8WsOptions value`.
+struct DefaultFp8WsOptions {
+  static constexpr Fp8WsOptions value{};
+};
+
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kSoftcap, class Options = DefaultFp8WsOptions>
 struct FwdMainloopTmaWsFp8 {
   using T = __nv_fp8_e4m3;       ///< q, k, v
   using TOut = __nv_bfloat16;    ///< out
@@ -79,7 +103,8 @@ struct FwdMainloopTmaWsFp8 {
   static constexpr int kBlockM = 128, kConsumerWGs = 2, kDT = kHeadDim / 8;
   static constexpr bool kCompiled = kSm90aDevice;
   static constexpr bool kExactNonFiniteRows = true;
-  static constexpr bool kWS = true, kPingpong = true;
+  static constexpr Fp8WsOptions kOpt = Options::value;
+  static constexpr bool kWS = true, kPingpong = kOpt.pingpong;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kProducerThreads + 128 * kConsumerWGs;
   // The transposing producer keeps all four warps (24 registers, as FA3's); see mainloop_fwd_tma_ws.cuh for the rule.
@@ -106,7 +131,7 @@ struct FwdMainloopTmaWsFp8 {
   static constexpr int kStageCols = TileStage::kCols;
   static constexpr int kQHalfStride = TileQh::kBytes;
   static constexpr int kMaxOffset = 8;
-  using Softmax = OnlineSoftmax<1, true, 0, kMaxOffset, 0>;
+  using Softmax = OnlineSoftmax<1, true, kOpt.exp2_emu_eighths, kMaxOffset, 0, kOpt.row_max_tree>;
   using MmaS = WgmmaTag<kBlockN, T>;
   using MmaO = WgmmaTag<kHeadDim, T>;
 
@@ -238,7 +263,7 @@ struct FwdMainloopTmaWsFp8 {
       mbar_wait(ml.bar_v_full(st), parity(transposed));
       mbar_wait(ml.bar_vt_empty(st), parity(transposed) ^ 1u);
       __syncwarp();  // ldmatrix / stmatrix are .aligned: the lanes leave their waits together
-      transpose_v_tile<TileKV, TileVt>(ml.sV(st), ml.sVt(st));
+      transpose_v_tile<TileKV, TileVt, kOpt.transpose_ilp>(ml.sV(st), ml.sVt(st));
       fence_proxy_async();  // the generic-proxy stores become visible to the consumers' wgmma (async proxy)
       named_bar_sync(kBarTranspose, 128);
       if (threadIdx.x == 0) mbar_arrive(ml.bar_vt_full(st));
@@ -287,10 +312,14 @@ struct FwdMainloopTmaWsFp8 {
 
   // ---- consumers ----------------------------------------------------------------------------------------------
   __device__ __forceinline__ static void consumers_begin(int ctid) {
-    if (ctid >= 128) named_bar_arrive(kBarPingpong + 0, 256);  // warpgroup 0 issues first
+    if constexpr (kPingpong) {
+      if (ctid >= 128) named_bar_arrive(kBarPingpong + 0, 256);  // warpgroup 0 issues first
+    }
   }
   __device__ __forceinline__ static void consumers_end(int ctid) {
-    if (ctid < 128) named_bar_sync(kBarPingpong + 0, 256);
+    if constexpr (kPingpong) {
+      if (ctid < 128) named_bar_sync(kBarPingpong + 0, 256);
+    }
   }
   __device__ __forceinline__ static char* q_tile(char* smem) { return smem + kOffQ; }
   __device__ __forceinline__ void release_q(Pipes& pipes, int ctid) const {
@@ -342,14 +371,31 @@ struct FwdMainloopTmaWsFp8 {
       }
       wgmma_commit();
     };
-    auto pp_sync = [&] { named_bar_sync(kBarPingpong + wg, 256); };
-    auto pp_arrive = [&] { named_bar_arrive(kBarPingpong + (wg ^ 1), 256); };
+    auto pp_sync = [&] {
+      if constexpr (kPingpong) named_bar_sync(kBarPingpong + wg, 256);
+    };
+    auto pp_arrive = [&] {
+      if constexpr (kPingpong) named_bar_arrive(kBarPingpong + (wg ^ 1), 256);
+    };
     auto release = [&](uint32_t b) {
       if (lane == 0) mbar_arrive(b);
     };
+    // Fully visible K/V tiles: [unmasked_lo, unmasked_hi] (empty when lo > hi), found from both ends of the range.
+    int unmasked_hi = blk.n_max - 1, unmasked_lo = blk.n_min;
+    if constexpr (kOpt.hoist_mask_test) {
+      while (unmasked_hi >= blk.n_min && blk.needs_mask<kBlockN>(unmasked_hi)) --unmasked_hi;
+      while (unmasked_lo <= unmasked_hi && blk.needs_mask<kBlockN>(unmasked_lo)) ++unmasked_lo;
+    }
+    auto needs_mask = [&](int n) {
+      if constexpr (kOpt.hoist_mask_test) {
+        return n > unmasked_hi || n < unmasked_lo;
+      } else {
+        return blk.needs_mask<kBlockN>(n);
+      }
+    };
     auto softmax = [&](int n, float (&corr)[1][2]) {
       if constexpr (kSoftcap) apply_softcap(frag(s), sc.score_scale);
-      if (blk.needs_mask<kBlockN>(n)) {
+      if (needs_mask(n)) {
         apply_mask(frag(s), blk.rule, m_row, n * kBlockN, g, t);
         return acc.softmax.update(frag(s), sc.scale_log2, corr);
       }

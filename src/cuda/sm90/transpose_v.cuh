@@ -47,9 +47,11 @@ __host__ __device__ constexpr int vt_key_of(int k) {
 /// key order. Called by all 128 threads of a warpgroup; warp w takes the 16-column chunks w, w + 4, ...; no barrier
 /// inside. The lane's addresses are affine in the unit (c, q) except for the source chunk's swizzle bit of q, so
 /// they are two source offsets and one destination offset per thread plus immediates; they are rebuilt from %tid
-/// on every call (volatile) so that the 24-register producer does not keep them live between tiles.
-template <class SrcTile, class DstTile>
+/// on every call (volatile) so that the 24-register producer does not keep them live between tiles. kIlp units are
+/// loaded before the first of them is stored (with 1, every stmatrix waits for the ldmatrix just before it).
+template <class SrcTile, class DstTile, int kIlp = 1>
 __device__ __forceinline__ void transpose_v_tile(uint32_t src, uint32_t dst) {
+  static_assert(kIlp >= 1 && kIlp <= 4, "1 to 4 units in flight (the producer has 24 registers)");
   constexpr int kKeys = SrcTile::kRows, kDim = SrcTile::kCols, kW = SrcTile::kW;
   static_assert(DstTile::kRows == kDim && DstTile::kCols == kKeys && DstTile::kW == 32, "Vt: V's transpose, SW32");
   static_assert(kKeys % 32 == 0 && kDim % 64 == 0, "units of 32 keys x 16 columns, four warps over the columns");
@@ -71,19 +73,33 @@ __device__ __forceinline__ void transpose_v_tile(uint32_t src, uint32_t dst) {
   // Destination: Vt row d = 16 delta + 2 r8 + (j & 1), chunk (j >> 1) of the panel of keys 32c .. 32c + 31; the
   // 32-byte swizzle of d is (d >> 2) & 1 = (r8 >> 1) & 1.
   const uint32_t dst_x = dst + 512 * warp + 32 * (2 * r8 + (j & 1)) + ((((j >> 1) ^ (r8 >> 1)) & 1) << 4);
+  // The units (q, c), flattened as u = q * kUnitsC + c, in groups of kIlp: the group's ldmatrix first, then the
+  // permutes and stmatrix, so that kIlp loads are in flight at once (the asm is volatile: source order is kept).
+  constexpr int kUnitsC = kKeys / 32, kUnits = (kDim / 64) * kUnitsC;
+  auto src_of = [&](int u) {
+    const int q = u / kUnitsC, c = u % kUnitsC;
+    return src_x[q & 1] + (kW == 128 ? (q / 2) * SrcTile::kPanelBytes : q * SrcTile::kPanelBytes) + 32 * c * kW;
+  };
+  auto dst_of = [&](int u) {
+    const int q = u / kUnitsC, c = u % kUnitsC;
+    return dst_x + 512 * 4 * q + c * DstTile::kPanelBytes;
+  };
 #pragma unroll
-  for (int q = 0; q < kDim / 64; ++q) {
-    const uint32_t src_q = src_x[q & 1] + (kW == 128 ? (q / 2) * SrcTile::kPanelBytes : q * SrcTile::kPanelBytes);
-    const uint32_t dst_q = dst_x + 512 * 4 * q;
+  for (int u0 = 0; u0 < kUnits; u0 += kIlp) {
+    uint32_t v[kIlp][4];
 #pragma unroll
-    for (int c = 0; c < kKeys / 32; ++c) {
-      uint32_t v[4], w[4];
-      ldsm_x4_trans(src_q + 32 * c * kW, v);
-      w[0] = __byte_perm(v[0], v[1], 0x6420);  // Vt row 16 delta + 2g,     keys 32c + 4t .. (h = 0)
-      w[1] = __byte_perm(v[0], v[1], 0x7531);  // Vt row 16 delta + 2g + 1, (h = 0)
-      w[2] = __byte_perm(v[2], v[3], 0x6420);  // (h = 1)
-      w[3] = __byte_perm(v[2], v[3], 0x7531);
-      stsm_x4(dst_q + c * DstTile::kPanelBytes, w);
+    for (int i = 0; i < kIlp; ++i)
+      if (u0 + i < kUnits) ldsm_x4_trans(src_of(u0 + i), v[i]);
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) {
+      if (u0 + i < kUnits) {
+        uint32_t w[4];
+        w[0] = __byte_perm(v[i][0], v[i][1], 0x6420);  // Vt row 16 delta + 2g,     keys 32c + 4t .. (h = 0)
+        w[1] = __byte_perm(v[i][0], v[i][1], 0x7531);  // Vt row 16 delta + 2g + 1, (h = 0)
+        w[2] = __byte_perm(v[i][2], v[i][3], 0x6420);  // (h = 1)
+        w[3] = __byte_perm(v[i][2], v[i][3], 0x7531);
+        stsm_x4(dst_of(u0 + i), w);
+      }
     }
   }
 }
