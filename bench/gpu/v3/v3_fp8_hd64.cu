@@ -4,7 +4,7 @@
 #include "v3_fp8_variants.cuh"
 V3_FP8_VARIANT("full", 64, 192, 2, );
 V3_FP8_VARIANT("serial_max", 64, 192, 2, .row_max_tree = false);
-V3_FP8_VARIANT("mask_hoisted", 64, 192, 2, .hoist_mask_test = true);
+V3_FP8_VARIANT("mask_per_tile", 64, 192, 2, .hoist_mask_test = false);
 V3_FP8_VARIANT("ilp2", 64, 192, 2, .transpose_ilp = 2);
 V3_FP8_VARIANT("no_pingpong", 64, 192, 2, .pingpong = false);
 V3_FP8_VARIANT("emu1", 64, 192, 2, .exp2_emu_eighths = 1);

@@ -80,14 +80,16 @@ __device__ __forceinline__ Fp8Scales fp8_scales(const FwdParams& p, int b, int h
 /// hoist_mask_test: which K/V tiles need element masks is decided once per work tile (the fully visible tiles are one
 /// contiguous range: core/mask.hpp tile_fully_visible is "k0 >= a and k1 - 1 <= b" and the seqlen_k bound is "k1 <=
 /// seqlen_k"), leaving two integer compares per K/V tile instead of FwdBlock::needs_mask's 64-bit bound arithmetic;
-/// off by default: at hd128 / hd256 the two extra live registers make ptxas spill more in the K/V loop (SASS,
-/// bench/results/fp8-speed-2026-12-01.md), at hd64 it saves ~60 instructions per loop.
+/// on by default: although at hd128 / hd256 the two extra live registers make ptxas spill more in the K/V loop (SASS,
+/// bench/results/fp8-speed-2026-12-01.md), at hd64 it saves ~60 instructions per loop, and on the H200 it measured
+/// faster at every head dim from seqlen 2048 on (run7 call 2, bench/results/h200-2026-12-01-run7: 16k tokens, non-causal,
+/// hd64 539 vs 500, hd128 779 vs 693 TFLOP/s; variant "mask_per_tile" of bench/gpu/v3 is the old default).
 struct Fp8WsOptions {
   bool pingpong = true;
   int transpose_ilp = 1;
   int exp2_emu_eighths = 0;
   bool row_max_tree = true;
-  bool hoist_mask_test = false;
+  bool hoist_mask_test = true;
 };
 /// Options are passed as a class with a `static constexpr Fp8WsOptions value`.
 struct DefaultFp8WsOptions {
