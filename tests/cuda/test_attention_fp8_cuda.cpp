@@ -492,7 +492,7 @@ OutlierRmse outlier_rmse(int d, int batch, std::mt19937_64& rng) {
   const RefOptions ro = ref_options(c);
 #pragma omp parallel for schedule(dynamic)
   for (int b = 0; b < batch; ++b) {
-    const RefShape one{1, rows, rows, c.heads, c.heads_kv, d, d};
+    const flashkv::testing::RefShape one{1, rows, rows, c.heads, c.heads_kv, d, d};
     const size_t off = static_cast<size_t>(b * rows * row), len = static_cast<size_t>(rows * row);
     auto part = [&](const std::vector<double>& x) { return std::vector<double>(x.begin() + off, x.begin() + off + len); };
     std::vector<double> o1, l1;
