@@ -247,8 +247,9 @@ def cmd_check(lib_path, outdir, skip):
                                   for r in res])
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            lse_note = (f" (lse err/naive max {rec['max_lse_ratio']:.2f}; naive max {rec['max_lse_err_naive']:.1e}, "
-                        f"exact-float32 naive max {rec['max_lse_err_exact_naive']:.1e})" if "max_lse_ratio" in rec else "")
+            lse_note = "" if "max_lse_ratio" not in rec else (
+                f" (lse err/naive max {rec['max_lse_ratio']:.2f}; naive max {rec['max_lse_err_naive']:.1e}, "
+                f"exact-float32 naive max {rec['max_lse_err_exact_naive']:.1e})")
             print(f"DONE {var['name']}: {'ok' if not bad else 'FAIL'} ({len(res)} cases, max err/naive "
                   f"{rec['max_ratio']:.2f}, max lse err {rec['max_lse_err']:.1e}{lse_note})", flush=True)
             for r in bad[:3]:
