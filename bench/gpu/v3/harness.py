@@ -9,11 +9,15 @@
 Correctness (fresh random inputs, seed printed): outputs and lse poisoned with NaN first; non-causal, causal
 (bottom-right) and one sliding window; seqlens that are not tile multiples, seqlen_q != seqlen_k, GQA/MQA; every
 head dim of the variant. Rule (docs/engineering.md): max |out - ref64| <= 2 x the naive same-precision
-computation's max error + 1e-5; lse within 1e-3 (natural log) with -inf exactly where no key is visible; no NaN left.
-FP8 variants ("fp8/..."; float8_e4m3fn q/k/v from torch.randn, bfloat16 out, unit descales): the float64
-reference runs on the e4m3 values; the naive same-precision baseline is tests/cuda/fp8_test_util.hpp's naive_fp8
-(scores in float32, P = exp(s - m) * 2^8 rounded to e4m3, P V in float32, / the float32 sum of the unrounded P,
-rounded to bfloat16); they are timed next to FA3's FP8 forward on the same e4m3 tensors.
+computation's max error + 1e-5, -inf lse exactly where no key is visible, no NaN left; lse: 16-bit variants within
+1e-3 (natural log) of float64; FP8 variants ("fp8/..."; float8_e4m3fn q/k/v from torch.randn, bfloat16 out, unit
+descales) max |lse - lse64| <= 2 x the naive's + 64 float32 ulps of max |lse64| (fp8_check.py: the float64 reference
+runs on the e4m3 values; the naive baseline computes q.k^T and P.V on the device's FP8 GEMM, torch._scaled_mm with
+fast accumulation, like the kernel's WGMMA chains (Hopper's FP8 MMA keeps ~13-14 accumulator bits, so every FP8
+kernel's lse is 1e-4..2e-3 from float64), softmax and lse in float32, P = exp(s - m) * 2^8 rounded to e4m3, / the
+float32 sum of the unrounded P, rounded to bfloat16; tests/cuda/test_attention_fp8_cuda.cpp's rule; how it still
+fails a wrong kernel: fp8_check.py's doc and `python3 bench/gpu/v3/fp8_check.py`, a CPU self-test). FP8 variants
+are timed next to FA3's FP8 forward on the same e4m3 tensors.
 V3_FAMILIES (comma list of name prefixes, e.g. "fp8") restricts check and bench to those variants; the 16-bit
 anchors (FA3 bf16, cuDNN) are skipped when no 16-bit variant is selected.
 Timing: triton do_bench median (L2 flushed between runs), FLOPs = 4 * batch * heads * seqlen^2 * d (/2 causal).
@@ -29,6 +33,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+import fp8_check  # noqa: E402 (this folder; harness.py runs as a script)
 
 HANG_S = float(os.environ.get("V3_HANG_S", "8"))
 FP8 = torch.float8_e4m3fn
@@ -108,8 +114,9 @@ def visible_mask(sq, sk, window, device):
     return m
 
 
-def reference(q, k, v, window, dtype64=True, fp8=False):
-    """float64 (dtype64) or naive same-precision attention with the explicit mask; returns out [b,sq,h,d], lse [b,h,sq]."""
+def reference(q, k, v, window, dtype64=True):
+    """float64 (dtype64) or naive same-precision (16-bit) attention with the explicit mask; returns out [b,sq,h,d],
+    lse [b,h,sq] (None for the naive). The FP8 naive baseline is fp8_check.naive_fp8."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     rep = h // hk
@@ -126,18 +133,6 @@ def reference(q, k, v, window, dtype64=True, fp8=False):
         p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key: p = 0
         o = (p @ vd).transpose(1, 2)
         return o, lse
-    if fp8:  # tests/cuda/fp8_test_util.hpp naive_fp8 (q, k, v hold the e4m3 values, as float32)
-        ql, kl, vl = (x.float().transpose(1, 2) for x in (q, kk, vv))
-        s = (ql @ kl.transpose(-1, -2)) * scale
-        s = s.masked_fill(~mask, -math.inf)
-        m = s.amax(dim=-1, keepdim=True)
-        p = torch.exp(s - m)
-        p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key
-        l = p.sum(dim=-1, keepdim=True)
-        p8 = (p * 256.0).to(FP8).float()
-        o = (p8 @ vl) / (256.0 * l)
-        o = torch.nan_to_num(o, nan=0.0).to(torch.bfloat16)
-        return o.transpose(1, 2), None
     # naive same precision: S in the input dtype (fp32 accumulate), softmax in fp32 rounded to the dtype, P V in dtype
     ql, kl, vl = (x.transpose(1, 2) for x in (q, kk, vv))
     s = (ql @ kl.transpose(-1, -2)).float() * scale
@@ -176,25 +171,51 @@ def check_one(lib, var, case, causal, window, gen):
     w = (window[0], 0) if causal else window
     run_variant(lib, var, q, k, v, out, lse, causal, window)
     wait_or_die(var["name"])
-    qr, kr, vr = (x.float() for x in (q, k, v)) if is8 else (q, k, v)  # e4m3 values exactly, as float32
-    ref, ref_lse = reference(qr, kr, vr, w)
-    naive, _ = reference(qr, kr, vr, w, dtype64=False, fp8=is8)
+    if is8:  # fp8_check.py: the naive baseline on the device's FP8 GEMM, 2x rule on out and lse
+        ref, ref_lse = reference(q.float(), k.float(), v.float(), w)  # float64 of the e4m3 values
+        mask = visible_mask(sq, sk, w, q.device)
+        naive, naive_lse = fp8_check.naive_fp8(q, k, v, mask, 1.0 / math.sqrt(d))
+        r = fp8_check.fp8_rule(out, lse, ref, ref_lse, naive, naive_lse)
+        # diagnostic: the same baseline with exact float32 sums (the baseline before fp8_check.py: it judged the
+        # hardware's accumulation, not the kernel)
+        _, exact_lse = fp8_check.naive_fp8(q, k, v, mask, 1.0 / math.sqrt(d), gemm=fp8_check.gemm_exact)
+        r["lse_err_exact_naive"] = fp8_check.lse_error(exact_lse, ref_lse)[0]
+        return dict(variant=var["name"], case=list(case), causal=causal, window=list(w), **r)
+    ref, ref_lse = reference(q, k, v, w)
+    naive, _ = reference(q, k, v, w, dtype64=False)
     err = (out.double() - ref).abs().max().item()
     err_naive = (naive.double() - ref).abs().max().item()
     unwritten = int(torch.isnan(out).sum().item())
-    fin = torch.isfinite(ref_lse)
-    lse_inf_ok = bool(torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)))
-    lse_err = (lse.double()[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
+    lse_err, lse_inf_ok = fp8_check.lse_error(lse, ref_lse)
     ok = unwritten == 0 and err <= 2 * err_naive + 1e-5 and lse_inf_ok and lse_err <= 1e-3 and \
         not math.isnan(lse_err)
     return dict(variant=var["name"], case=list(case), causal=causal, window=list(w), err=err, err_naive=err_naive,
                 ratio=err / max(err_naive, 1e-12), lse_err=lse_err, lse_inf_ok=lse_inf_ok, unwritten=unwritten, ok=ok)
 
 
+def probe_fp8_gemm():
+    """The FP8 baseline's GEMM on this device, once, before any variant: a clear stop (exit 2, before the first
+    START, so the driver blames no variant) when torch._scaled_mm cannot run e4m3 -> float32 here, and its error vs
+    float64 on N(0,1) e4m3 operands (the accumulation the baseline models; run6 call 3: 0.010-0.026 at k = 64..256)."""
+    try:
+        a = torch.randn(100, 256, device="cuda").to(FP8)
+        b = torch.randn(130, 256, device="cuda").to(FP8)
+        got = fp8_check.fp8_gemm(a, b).double()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print(f"FP8 baseline GEMM (torch._scaled_mm e4m3 -> float32, fast accumulation) unavailable: {e}", flush=True)
+        sys.exit(2)
+    err = (got - a.double() @ b.double().t()).abs().max().item()
+    print(f"fp8 baseline: torch._scaled_mm (use_fast_accum) q.k^T, k=256, max abs error vs float64 {err:.3g}",
+          flush=True)
+
+
 def cmd_check(lib_path, outdir, skip):
     lib, variants = load(lib_path)
     seed = int(os.environ.get("V3_SEED", str(int(time.time()) % 100000)))
     print(f"check: seed {seed}, {len(variants)} variants", flush=True)
+    if any(x["dtype"] == FP8 for x in variants):
+        probe_fp8_gemm()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
     done = {c["variant"] for c in read_jsonl(os.path.join(outdir, "check.jsonl"))}
@@ -217,10 +238,20 @@ def cmd_check(lib_path, outdir, skip):
             rec = dict(kind="check", variant=var["name"], config=var["config"], seed=seed, ok=not bad,
                        n=len(res), max_ratio=max(r["ratio"] for r in res), max_lse_err=max(r["lse_err"] for r in res),
                        failures=bad[:6])
+            if var["name"].startswith("fp8/"):  # lse judged against the naive's too: keep what re-judging needs
+                rec.update(max_lse_ratio=max(r["lse_ratio"] for r in res),
+                           max_lse_err_naive=max(r["lse_err_naive"] for r in res),
+                           max_lse_err_exact_naive=max(r["lse_err_exact_naive"] for r in res),
+                           cases=[{k_: r[k_] for k_ in ("case", "causal", "window", "err", "err_naive", "lse_err",
+                                                       "lse_err_naive", "lse_floor", "lse_inf_ok", "unwritten", "ok")}
+                                  for r in res])
             f.write(json.dumps(rec) + "\n")
             f.flush()
+            lse_note = "" if "max_lse_ratio" not in rec else (
+                f" (lse err/naive max {rec['max_lse_ratio']:.2f}; naive max {rec['max_lse_err_naive']:.1e}, "
+                f"exact-float32 naive max {rec['max_lse_err_exact_naive']:.1e})")
             print(f"DONE {var['name']}: {'ok' if not bad else 'FAIL'} ({len(res)} cases, max err/naive "
-                  f"{rec['max_ratio']:.2f}, max lse err {rec['max_lse_err']:.1e})", flush=True)
+                  f"{rec['max_ratio']:.2f}, max lse err {rec['max_lse_err']:.1e}{lse_note})", flush=True)
             for r in bad[:3]:
                 print("   ", json.dumps(r), flush=True)
 
@@ -333,10 +364,11 @@ def cmd_table(outdir):
     benches = merge_passes(read_jsonl(os.path.join(outdir, "bench.jsonl")))
     lines = []
     if checks:
-        lines.append("## correctness (err/naive <= 2 passes; lse abs err)")
+        lines.append("## correctness (err/naive <= 2 passes; lse abs err: 16-bit <= 1e-3, FP8 <= 2 x naive + floor)")
         for c in checks:
+            l8 = f" (/naive {c['max_lse_ratio']:.2f})" if "max_lse_ratio" in c else ""
             lines.append(f"{c['variant']:24s} {'ok  ' if c['ok'] else 'FAIL'} {c['n']:2d} cases  max err/naive "
-                         f"{c['max_ratio']:.2f}  lse {c['max_lse_err']:.1e}  [{c['config']}]")
+                         f"{c['max_ratio']:.2f}  lse {c['max_lse_err']:.1e}{l8}  [{c['config']}]")
     b16 = [r for r in benches if any(k.startswith("ws/") for k in r["tflops"])]
     if b16:
         lines.append("\n## bf16 forward TFLOP/s (16k tokens, hidden 2048); best = best ws variant")

@@ -24,7 +24,7 @@ fi
 echo "setup $(( $(date +%s) - t0 )) s"
 PYTHONUNBUFFERED=1 timeout "${V3_TIMEOUT:-500}" python3 "$here/harness.py" drive "$lib" "$OUT" "$@" > "$OUT/harness.log" 2>&1
 rc=$?
-grep -E "^(check|DONE .*FAIL|HANG|stage exited|bench skips|FA3|Traceback|RuntimeError)" "$OUT/harness.log" | cut -c1-300 | tail -30
+grep -E "^(check|fp8 baseline|FP8 baseline|DONE .*FAIL|HANG|stage exited|bench skips|FA3|Traceback|RuntimeError)" "$OUT/harness.log" | cut -c1-300 | tail -30
 echo "harness rc $rc, total $(( $(date +%s) - t0 )) s"
 # ncu on one cell (ours vs FA3), when there is time left: V3_NCU="d seqlen causal", empty to skip; V3_NCU_WHO =
 # the kernels to profile (default "ws/hd<d>/full fa3"; FP8: "fp8/hd<d>/full fa3_fp8").
