@@ -625,8 +625,8 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
   throw UnsupportedError("flashkv: the CUDA decode of k=" + k_name + " v=" + v_name + " pages, head_dim " +
                          str(head_dim) + ", " + dtype_name(dtype) + " queries is not compiled in this build (compiled: " +
                          (compiled.empty() ? std::string("none") : compiled) +
-                         "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI, windows and rotation "
-                         "have no CUDA decode yet)");
+                         "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI and windows have no "
+                         "CUDA decode yet)");
 }
 
 int32_t decode_l2_prefetch_blocks() {
