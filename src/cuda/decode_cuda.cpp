@@ -546,7 +546,8 @@ int32_t num_splits_hook(const core::DecodeProblem& p) {
     launch = find_quant_decode(p.head_dim, p.dtype, p.kv.format[0], p.kv.format[1], p.kv.format_name[0],
                                p.kv.format_name[1]).launch;
   }
-  return choose_splits(p, launch, p.max_seqlen_k, p.device_index);
+  const int32_t s = choose_splits(p, launch, p.max_seqlen_k, p.device_index);
+  return p.kv.rot_v ? std::max<int32_t>(s, 2) : s;  // as CudaDecodeWork: rotated V needs the float32 partials
 }
 
 void append_hook(const core::DecodeProblem& p) {

@@ -219,7 +219,7 @@ class CudaEngine final : public engine_detail::EngineBackend {
     if (kc.sink_tokens > 0 || kc.residual_tokens > 0 || kc.rotation != KVRotation::none || kc.k_format.is_kivi() ||
         kc.v_format.is_kivi())
       throw UnsupportedError("flashkv: the CUDA engine does not decode sinks, residual windows, KIVI or Hadamard "
-                             "rotation yet (" + spec + ", sinks " + std::to_string(kc.sink_tokens) + ", residual " +
+                             "rotation yet (rotated pages decode on the device, but the step append does not rotate rows; " + spec + ", sinks " + std::to_string(kc.sink_tokens) + ", residual " +
                              std::to_string(kc.residual_tokens) + "); use --device cpu for them");
     const bool k16 = kc.k_format.format == KVFormat::bf16 || kc.k_format.format == KVFormat::fp16;
     const bool v16 = kc.v_format.format == KVFormat::bf16 || kc.v_format.format == KVFormat::fp16;
