@@ -160,6 +160,28 @@ AppendParams append16_params(const core::DecodeProblem& p, const int32_t* table,
   return a;
 }
 
+/// The rotation signs of `p` on the device (rotation = hadamard): kv.device_rot_signs, else kv.rot_signs uploaded into
+/// `buf` (which must outlive the launches); nullptr when nothing is rotated.
+const float* device_rot_signs(const core::DecodeProblem& p, std::unique_ptr<DeviceBuffer>& buf, cudaStream_t stream) {
+  if (!p.kv.rot_k && !p.kv.rot_v) return nullptr;
+  if (p.kv.rot_signs == nullptr || p.head_dim > 256 || (p.head_dim & (p.head_dim - 1)) != 0) {
+    throw Error("flashkv: CUDA Hadamard rotation needs the signs and a power-of-two head_dim <= 256", Status::internal);
+  }
+  if (p.kv.device_rot_signs != nullptr) return p.kv.device_rot_signs;
+  const size_t bytes = static_cast<size_t>(p.head_dim) * 4;
+  buf = std::make_unique<DeviceBuffer>(bytes, stream);
+  check_cuda(cudaMemcpyAsync(buf->get(), p.kv.rot_signs, bytes, cudaMemcpyHostToDevice, stream),
+             "upload Hadamard signs");
+  return buf->as<float>();
+}
+
+/// The append's rotated halves (QuantAppendParams::rot_signs) from `p`'s rot_k / rot_v and the device signs.
+void set_rotation(QuantAppendParams& a, const core::DecodeProblem& p, const float* signs) {
+  a.rot_signs[0] = p.kv.rot_k ? signs : nullptr;
+  a.rot_signs[1] = p.kv.rot_v ? signs : nullptr;
+  a.rot_norm = kv::hadamard_norm(static_cast<int32_t>(p.head_dim));
+}
+
 /// The plan of one decode batch shape on one CUDA device.
 class CudaDecodeWork final : public core::DecodeWork {
  public:
@@ -180,6 +202,7 @@ class CudaDecodeWork final : public core::DecodeWork {
   /// Hadamard-rotated halves (decode_rotate.hpp): the ±1 signs on the device, and with rot_k the rotated queries
   /// [rows of q, num_heads, head_dim] in the query dtype (row stride num_heads · head_dim, batch stride q_batch_).
   std::unique_ptr<DeviceBuffer> rot_signs_, q_rot_;
+  const float* signs_ = nullptr;  ///< on the device (kv.device_rot_signs or rot_signs_)
   int64_t q_batch_ = 0;
   float rot_norm_ = 1.f;
   std::string path_;
@@ -206,10 +229,6 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                            "; PagedKVCache::to(Device::cpu) decodes it on the CPU");
   }
   const bool rot = p.kv.rot_k || p.kv.rot_v;
-  if (rot && (p.kv.rot_signs == nullptr || p.head_dim > 256 || (p.head_dim & (p.head_dim - 1)) != 0)) {
-    throw Error("flashkv: CUDA decode: Hadamard rotation needs the signs and a power-of-two head_dim <= 256",
-                Status::internal);
-  }
   if (p.head_dim > 256 || p.head_dim % 8 != 0) {
     throw Error("q", "head_dim in 8..256, a multiple of 8 (CUDA decode)", str(p.head_dim));
   }
@@ -291,10 +310,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
   if (p.kv.rot_v) num_splits_ = std::max<int32_t>(num_splits_, 2);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (rot) {
-    const size_t sbytes = static_cast<size_t>(p.head_dim) * 4;
-    rot_signs_ = std::make_unique<DeviceBuffer>(sbytes, stream_);
-    check_cuda(cudaMemcpyAsync(rot_signs_->get(), p.kv.rot_signs, sbytes, cudaMemcpyHostToDevice, stream_),
-               "decode plan: upload Hadamard signs");
+    signs_ = device_rot_signs(p, rot_signs_, stream_);  // the cache's device copy, else uploaded once per plan
     rot_norm_ = kv::hadamard_norm(static_cast<int32_t>(p.head_dim));
   }
   if (p.kv.rot_k) {
@@ -378,14 +394,14 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
       r.dst_batch = q_batch_, r.dst_row = p.num_heads * p.head_dim, r.dst_head = p.head_dim;
       r.batch = p.is_varlen ? 1 : d.batch, r.rows = static_cast<int32_t>(p.is_varlen ? p.total_q : p.max_seqlen_q);
       r.heads = d.num_heads, r.head_dim = d.head_dim;
-      r.signs = rot_signs_->as<float>(), r.norm = rot_norm_;
+      r.signs = signs_, r.norm = rot_norm_;
       rotate_rows(r, stream_);
       d.q = q_rot_->get();
       d.q_batch = q_batch_, d.q_row = r.dst_row, d.q_head = r.dst_head;
     }
     qe_->launch(d, stream_);
     // Σ p·(H·D·v) = H·D·o: the float32 partials merged, rotated back, rounded once (lse unchanged, written above)
-    if (kv.rot_v) decode_rotate_out(d, dt, rot_signs_->as<float>(), rot_norm_, stream_);
+    if (kv.rot_v) decode_rotate_out(d, dt, signs_, rot_norm_, stream_);
     return;
   }
   reinterpret_cast<DecodeLaunch>(ke_->launch)(d, stream_);
@@ -466,45 +482,15 @@ void check_values_or_throw(const core::DecodeProblem& p, cudaStream_t stream) {
 
 /// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (check_values_or_throw),
 /// then encoded by the format trait.
-/// With a rotated half (p.kv.rot_k / rot_v) the rows are checked as given (as the CPU cache checks them), then rotated
-/// in float32 (kv::hadamard_rotate_lanes, the CPU's definition) into a float32 copy [batch, seqlen_q, Hk, d] that the
-/// codec encodes: the codes equal the CPU cache's.
+/// Rotated halves (p.kv.rot_k / rot_v): the rows are checked as given (as the CPU cache checks them); the encode
+/// rotates them (QuantAppendParams::rot_signs) before quantizing, so the codes equal the CPU cache's.
 void quant_append_hook(const core::DecodeProblem& p) {
   DeviceGuard guard(p.device_index);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   check_values_or_throw(p, stream);
-  std::unique_ptr<DeviceBuffer> scales[2], rotated[2], signs;
-  core::DecodeProblem pr = p;
-  if (p.kv.rot_k || p.kv.rot_v) {
-    if (p.kv.rot_signs == nullptr || p.head_dim > 256 || (p.head_dim & (p.head_dim - 1)) != 0) {
-      throw Error("flashkv: KV append: Hadamard rotation needs the signs and a power-of-two head_dim <= 256",
-                  Status::internal);
-    }
-    const size_t sbytes = static_cast<size_t>(p.head_dim) * 4;
-    signs = std::make_unique<DeviceBuffer>(sbytes, stream);
-    check_cuda(cudaMemcpyAsync(signs->get(), p.kv.rot_signs, sbytes, cudaMemcpyHostToDevice, stream),
-               "KV append: upload Hadamard signs");
-    const int64_t row = p.num_heads_kv * p.head_dim, n = p.batch * p.seqlen_q * row;
-    const int32_t dt = p.dtype == DType::float32 ? 0 : (p.dtype == DType::bfloat16 ? 1 : 2);
-    for (int half = 0; half < 2; ++half) {
-      rotated[half] = std::make_unique<DeviceBuffer>(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4, stream);
-      const core::Strides3& st = half == 0 ? p.k_new_strides : p.v_new_strides;
-      RotateRowsParams r;
-      r.src = half == 0 ? p.k_new : p.v_new, r.src_dtype = dt;
-      r.src_batch = st.batch, r.src_row = st.row, r.src_head = st.head;
-      r.dst = rotated[half]->get(), r.dst_dtype = 0;
-      r.dst_batch = p.seqlen_q * row, r.dst_row = row, r.dst_head = p.head_dim;
-      r.batch = static_cast<int32_t>(p.batch), r.rows = static_cast<int32_t>(p.seqlen_q);
-      r.heads = static_cast<int32_t>(p.num_heads_kv), r.head_dim = static_cast<int32_t>(p.head_dim);
-      r.signs = (half == 0 ? p.kv.rot_k : p.kv.rot_v) ? signs->as<float>() : nullptr;  // else a float32 copy
-      r.norm = kv::hadamard_norm(r.head_dim);
-      rotate_rows(r, stream);
-      (half == 0 ? pr.k_new : pr.v_new) = rotated[half]->get();
-      (half == 0 ? pr.k_new_strides : pr.v_new_strides) = {p.seqlen_q * row, row, p.head_dim};
-    }
-    pr.dtype = DType::float32;
-  }
-  const QuantAppendParams a = quant_params(pr, scales, stream);
+  std::unique_ptr<DeviceBuffer> scales[2], signs;
+  QuantAppendParams a = quant_params(p, scales, stream);
+  set_rotation(a, p, device_rot_signs(p, signs, stream));
   quant_append(a, stream);
   check_cuda(cudaStreamSynchronize(stream), "KV cache append");
 }
@@ -515,8 +501,8 @@ void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
   DeviceGuard guard(p.device_index);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch == 0 || p.seqlen_q == 0) return;
-  if (p.kv.rot_k || p.kv.rot_v) {  // cache_step refuses rotated caches before this (kvcache/api/cache_step.cpp)
-    throw UnsupportedError("flashkv: the CUDA step append does not rotate (Hadamard) rows; use PagedKVCache::append");
+  if ((p.kv.rot_k || p.kv.rot_v) && p.kv.device_rot_signs == nullptr) {
+    throw Error("flashkv: KV step append: Hadamard signs must be on the device (kv.device_rot_signs)", Status::internal);
   }
   if (raw16_pages(p)) {
     AppendParams a = append16_params(p, p.kv.page_table, p.kv.seqlens);
@@ -532,6 +518,7 @@ void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
   }
   std::unique_ptr<DeviceBuffer> none[2];
   QuantAppendParams a = quant_params(p, none, stream);
+  set_rotation(a, p, p.kv.device_rot_signs);
   a.bad = bad;
   a.inline_check = true;
   quant_append(a, stream);

@@ -138,6 +138,7 @@ void append_device_rows(PagedKVCache::Impl& m, std::span<const int64_t> seq_ids,
       p.kv.device_head_scales[half] = m.device_head_scales(half);
     }
     p.kv.rot_signs = m.rot_signs.empty() ? nullptr : m.rot_signs.data();  // rotated on the device before encoding
+    p.kv.device_rot_signs = m.device_rot_signs();
     p.kv.rot_k = m.rot_k;
     p.kv.rot_v = m.rot_v;
     const int32_t* dev = reinterpret_cast<const int32_t*>(tables.data());

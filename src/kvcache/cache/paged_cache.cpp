@@ -99,6 +99,11 @@ void PagedKVCache::Impl::upload_head_scales() {
     head_scales_dev[half] = kv::Storage(cfg.device, cfg.device_index, bytes, 0);
     head_scales_dev[half].write(0, c.head_scales().data(), bytes);
   }
+  if (!on_host() && !rot_signs.empty()) {
+    const int64_t bytes = static_cast<int64_t>(rot_signs.size()) * 4;
+    rot_signs_dev = kv::Storage(cfg.device, cfg.device_index, bytes, 0);
+    rot_signs_dev.write(0, rot_signs.data(), bytes);
+  }
 }
 
 PagedKVCache::Impl::Impl(const Impl& o, Device device, int32_t device_index)
