@@ -1,7 +1,7 @@
 // The Hadamard rotation of rotation = hadamard caches on the device (kvcache/format/hadamard.hpp, the CPU cache's
 // definition): the decode rotates its query rows before the unchanged split-KV kernel (a rotated K half stores H·D·k,
 // so q·k = (H·D·q)·(H·D·k)) and rotates the merged float32 output back (a rotated V half stores H·D·v, and
-// Σ p·(H·D·v) = H·D·o); the device append rotates the new rows into float32 before the codec encodes them.
+// Σ p·(H·D·v) = H·D·o). The device append rotates rows inside its encode kernels (decode_append_quant.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -133,7 +133,7 @@ struct DeviceRows {
 };
 
 /// Appends `n_tokens` rows to each sequence seq_ids[b] (registered, distinct) in `layer` of a device cache without
-/// windows, KIVI keys or rotation: pages taken for all of them first (CapacityError, nothing changed), one upload of
+/// windows or KIVI keys (rotated rows: rotated by the encode kernel): pages taken for all of them first (CapacityError, nothing changed), one upload of
 /// the page table and lengths, the values checked on the device (Error naming k / v and the element, nothing written
 /// and the pages given back), then one launch writes every row (copied for a 16-bit cache fed its dtype, quantized on
 /// the device otherwise). Synchronous. UnsupportedError / TypeError naming what the device append cannot take.
