@@ -84,6 +84,16 @@ struct EngineOptions {
   /// by kernel (the A/B baseline; the same device tables, batched appends and single synchronization per step).
   /// Prefill and extend calls always run eagerly.
   bool cuda_graphs = true;
+  /// Device::cpu: round the activations to 16 bits exactly where the CUDA engine does — each RMSNorm's output (the
+  /// GEMM inputs: attention, feed-forward and final norm), q / k / v after RoPE, the attention output and the SwiGLU
+  /// output, to bfloat16 (q / k / v and the attention output to float16 with an fp16 cache, the attention output then
+  /// to bfloat16 for the Wo GEMM, as on the device); round to nearest even. The residual stream, GEMM accumulation and
+  /// logits stay float32. On a model whose matrices are rounded to bfloat16 (as the CUDA engine uploads them), the CPU
+  /// engine then computes what the CUDA engine computes up to float32 summation order and the rounding inside the
+  /// attention kernels: the device's arithmetic emulated on the CPU, with the CPU's KV codecs (what the evaluation tests
+  /// calibrate the GPU-vs-CPU comparison on, tests/eval/eval_noise.hpp). Default false: float32 activations. The CUDA
+  /// engine always rounds there; the field changes nothing on it.
+  bool bf16_activations = false;
 };
 
 /// How the CUDA engine ran its decode steps (EngineOptions::cuda_graphs); all zero on the CPU.

@@ -5,6 +5,8 @@
 //            (PagedKVCache::attention, causal, bottom-right aligned) — chunked prefill through the (quantized) cache;
 //   decode   one token for each of B sequences, through the cache like extend.
 // Matrix products: cblas_sgemm over all rows of the batch (cblas_sgemv for a single row), threaded by OpenBLAS.
+// EngineOptions::bf16_activations rounds the activations to 16 bits where the CUDA engine does (its arithmetic
+// emulated on the CPU); float32 otherwise.
 // The Engine itself (argument checks, sequence ids, page budget) dispatches to a backend (engine_backend.hpp): the CPU
 // one here, or the CUDA one (src/engine/cuda/) when EngineOptions::device is cuda.
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/float16.hpp"
 #include "engine/blas.hpp"
 #include "engine/engine_backend.hpp"
 #include "engine/synthetic_kv.hpp"
@@ -61,7 +64,8 @@ using Segment = engine_detail::Segment;
 /// The CPU backend: float32 weights from the Model, OpenBLAS, the host PagedKVCache.
 class CpuEngine final : public engine_detail::EngineBackend {
  public:
-  CpuEngine(const Model& m, const KVCacheConfig& kc, int32_t ctx) : model(m), context(ctx), kvc(kc) {
+  CpuEngine(const Model& m, const KVCacheConfig& kc, int32_t ctx, bool bf16_activations)
+      : model(m), context(ctx), kvc(kc), round16(bf16_activations), fp16_qkv(kc.k_format.format == KVFormat::fp16) {
     engine_detail::rope_tables(m.config, context, rope_cos, rope_sin);
   }
   PagedKVCache& cache() override { return kvc; }
@@ -94,6 +98,19 @@ class CpuEngine final : public engine_detail::EngineBackend {
     need(att, T * c.num_heads * c.head_dim);
     need(hb, T * c.hidden_dim);
     need(hb2, T * c.hidden_dim);
+  }
+
+  /// EngineOptions::bf16_activations: n values rounded in place to bf16 (fp16: to float16), as the CUDA engine stores
+  /// them; nothing otherwise.
+  void round_bf16(float* p, std::size_t n) const {
+    if (!round16) return;
+    for (std::size_t i = 0; i < n; ++i) p[i] = bf16_to_float(float_to_bf16(p[i]));
+  }
+  /// q / k / v and the attention output: the CUDA engine's attention dtype (fp16 with an fp16 cache, bf16 otherwise).
+  void round_attention_dtype(float* p, std::size_t n) const {
+    if (!round16) return;
+    if (!fp16_qkv) return round_bf16(p, n);
+    for (std::size_t i = 0; i < n; ++i) p[i] = fp16_to_float(float_to_fp16(p[i]));
   }
 
   /// In-place RoPE (interleaved pairs) of `heads` heads of row `vec` at position pos.
@@ -147,6 +164,7 @@ class CpuEngine final : public engine_detail::EngineBackend {
       const LayerWeights& L = m.layers[static_cast<std::size_t>(l)];
       for (int r = 0; r < t; ++r)
         rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(r) * D], L.attn_norm, D, c.norm_eps);
+      round_bf16(xb.data(), static_cast<std::size_t>(t) * D);
       matmul(xb.data(), t, D, L.wq, Qd, q.data());
       matmul(xb.data(), t, D, L.wk, KVd, k.data());
       matmul(xb.data(), t, D, L.wv, KVd, v.data());
@@ -156,6 +174,9 @@ class CpuEngine final : public engine_detail::EngineBackend {
           rope(&q[r * Qd], c.num_heads, c.head_dim, s.pos0 + i);
           rope(&k[r * KVd], c.num_heads_kv, c.head_dim, s.pos0 + i);
         }
+      round_attention_dtype(q.data(), static_cast<std::size_t>(t) * Qd);
+      round_attention_dtype(k.data(), static_cast<std::size_t>(t) * KVd);
+      round_attention_dtype(v.data(), static_cast<std::size_t>(t) * KVd);
       auto kv_rows = [&](std::vector<float>& buf, const Segment& s) {
         return TensorView::contiguous(&buf[static_cast<std::size_t>(s.row0) * KVd], DType::float32,
                                       {s.n, c.num_heads_kv, c.head_dim});
@@ -173,11 +194,14 @@ class CpuEngine final : public engine_detail::EngineBackend {
                         TensorView::contiguous(att.data(), DType::float32, {t, c.num_heads, c.head_dim}), nullptr,
                         kv_opts);
       }
+      round_attention_dtype(att.data(), static_cast<std::size_t>(t) * Qd);
+      round_bf16(att.data(), static_cast<std::size_t>(t) * Qd);  // fp16 output: converted to bf16 for Wo
       matmul(att.data(), t, Qd, L.wo, D, xb.data());
       for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) x[i] += xb[i];
       // SwiGLU feed-forward with residual.
       for (int r = 0; r < t; ++r)
         rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(r) * D], L.ffn_norm, D, c.norm_eps);
+      round_bf16(xb.data(), static_cast<std::size_t>(t) * D);
       matmul(xb.data(), t, D, L.w1, H, hb.data());
       matmul(xb.data(), t, D, L.w3, H, hb2.data());
       const std::size_t n = static_cast<std::size_t>(t) * H;
@@ -185,6 +209,7 @@ class CpuEngine final : public engine_detail::EngineBackend {
         const float g = hb[i];
         hb[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2[i];
       }
+      round_bf16(hb.data(), n);
       matmul(hb.data(), t, H, L.w2, D, xb.data());
       for (std::size_t i = 0; i < static_cast<std::size_t>(t) * D; ++i) x[i] += xb[i];
     }
@@ -197,12 +222,15 @@ class CpuEngine final : public engine_detail::EngineBackend {
     for (int r = 0; r < rows; ++r)
       rmsnorm(&xb[static_cast<std::size_t>(r) * D], &x[static_cast<std::size_t>(first + r) * D], m.final_norm, c.dim,
               c.norm_eps);
+    round_bf16(xb.data(), static_cast<std::size_t>(rows) * D);
     matmul(xb.data(), rows, c.dim, m.classifier, c.vocab_size, logits);
   }
 
   const Model& model;
   int32_t context;
   PagedKVCache kvc;
+  bool round16;   ///< EngineOptions::bf16_activations
+  bool fp16_qkv;  ///< an fp16 cache: q / k / v / attention output in float16 (as the CUDA engine) when round16
   std::vector<float> rope_cos, rope_sin;
   std::vector<float> x, xb, q, k, v, att, hb, hb2;
   std::vector<float> last_logits;  ///< [rows, vocab] of the last run
@@ -341,7 +369,7 @@ Engine::Engine(const Model& model, const KVCacheSpec& spec, int32_t max_sequence
     m.backend = make(model, kc, m.context, max_sequences, options);
   } else {
     engine_detail::blas();  // load OpenBLAS now: a missing library is an error here, not in the first forward
-    m.backend = std::make_unique<CpuEngine>(model, kc, m.context);
+    m.backend = std::make_unique<CpuEngine>(model, kc, m.context, options.bf16_activations);
   }
 }
 

@@ -16,8 +16,9 @@ bool same_spec(const KVCacheSpec& a, const KVCacheSpec& b) {
 }  // namespace
 
 EngineOptions EvalTarget::reference_options() const {
-  if (cpu_reference || on_cpu(engine)) {
-    EngineOptions o;
+  if (on_cpu(engine)) return engine;  // the CPU's own options (bf16_activations: the reference rounds alike)
+  if (cpu_reference) {
+    EngineOptions o;  // the CPU's fp32 truth
     o.kv_capacity_pages = engine.kv_capacity_pages;
     return o;
   }

@@ -1,11 +1,21 @@
 // The evaluation harness on the GPU (eval::EvalTarget with Device::cuda) against the same evaluation on the CPU, on the
 // same model, sequences / text / prompts (issue 14: "every KV format's GPU eval (KL, top-1, passkey) matches the CPU
 // eval within noise"):
-//   * teacher-forced replay (eval): for every quantized device format, the GPU eval (reference: the device's bf16
-//     cache) and the CPU eval (reference: the fp32 cache) give the same mean KL, top-1 agreement and Δll (perplexity
-//     ratio) within the noise bound of tests/eval/eval_noise.hpp — paired over kBlocks independent random models
-//     (each on its own sampled sequences), the noise measured in the same run (the bound's derivation and its CPU
-//     calibration: eval_noise.hpp, tests/eval/test_eval_device.cpp);
+//   * teacher-forced replay (eval): for every quantized device format, paired over kBlocks independent random models
+//     (each on its own sampled sequences; the bound and its CPU calibration: tests/eval/eval_noise.hpp,
+//     tests/eval/test_eval_device.cpp):
+//       - the mean KL against the one reference both devices share, the CPU's fp32 cache T, with the device's own
+//         measured error added: KL(T ‖ GPU X) vs KL(T ‖ CPU X) + KL(T ‖ GPU bf16) (paired_kl_with_device_error). NOT
+//         the GPU's KL against its own bf16 cache vs the CPU's against its fp32 one: the device rounds activations to
+//         bf16, a quantized cache decorrelates those roundings from the reference run's, and that KL carries twice
+//         the device's rounding noise on top of the quantization's (+5.6e-5 for int8 on the H200, t = 49; the same
+//         on the CPU with the device's arithmetic emulated) — printed, not asserted;
+//       - top-1 agreement and Δll (first order) of the GPU eval (reference: the device's bf16 cache) against the CPU
+//         eval (reference: the fp32 cache);
+//       - printed: the GPU eval against the CPU emulation of the device (bf16 weights, EngineOptions::
+//         bf16_activations, the CPU's codecs), each against its own lossless reference: the two compute the same
+//         values up to float32 summation order and the decode kernels' internal roundings, so this pairs tightly;
+//         and the t a defect rounding every dequantized K / V to bf16 would reach under the rule;
 //   * text (eval --text, llama-perplexity protocol through Engine::extend, ubatches of 48): the same per model;
 //   * the 16-bit device caches (bf16, fp16) round K/V no more than the device's own arithmetic does, so their rows are
 //     checked against that error instead: with the CPU's fp32 cache as the reference, their mean KL is at most kFactor²
@@ -87,14 +97,37 @@ std::vector<KVCacheSpec> device_quantized_formats(const Model& m) {
   return out;
 }
 
-void expect_within_noise(const std::vector<eval::Metrics>& gpu, const std::vector<eval::Metrics>& cpu,
-                         const std::string& what) {
-  const auto ms = paired_metrics(gpu, cpu);
-  std::printf("[eval-cuda] %s: GPU (a) vs CPU (b), paired over %zu blocks\n", what.c_str(), cpu.size());
-  for (const auto& m : ms) {
-    std::printf("    %s\n", m.describe().c_str());
-    EXPECT_TRUE(m.ok()) << what << ": " << m.describe();
+/// Prints a paired comparison; asserts it when `assert_it`.
+void report(const PairedMetric& m, const std::string& what, const char* how, bool assert_it) {
+  std::printf("    %-28s %s%s\n", how, m.describe().c_str(), assert_it ? "" : "  [printed]");
+  if (assert_it) {
+    EXPECT_TRUE(m.ok()) << what << ", " << how << ": " << m.describe();
   }
+}
+
+/// Per format, per block: the GPU against its own bf16 reference (gpu_own) and against the CPU's fp32 truth
+/// (gpu_truth; gpu_ref_truth: the GPU's bf16 cache against it), the CPU against the truth (cpu; cpu_bf16: the CPU's
+/// bf16 cache), the CPU emulation of the device against its own reference (emu). The file comment says what is
+/// asserted.
+struct FormatBlocks {
+  std::vector<eval::Metrics> gpu_own, gpu_truth, cpu, emu;
+};
+void expect_matches(const FormatBlocks& f, const std::vector<eval::Metrics>& gpu_ref_truth,
+                    const std::vector<eval::Metrics>& cpu_bf16, const std::string& what) {
+  std::printf("[eval-cuda] %s: GPU (a) vs CPU (b), paired over %zu models\n", what.c_str(), f.cpu.size());
+  report(paired_kl_with_device_error(f.gpu_truth, f.cpu, gpu_ref_truth), what, "vs the CPU's fp32 cache:", true);
+  for (const auto& m : paired_first_order(f.gpu_own, f.cpu)) report(m, what, "each vs its own reference:", true);
+  report(paired_metrics(f.gpu_own, f.cpu)[0], what, "each vs its own reference:", false);
+  for (const auto& m : paired_metrics(f.gpu_own, f.emu)) report(m, what, "vs the CPU emulation (a-b):", false);
+  std::vector<eval::Metrics> defect = f.gpu_truth;
+  double shift = 0;
+  for (std::size_t b = 0; b < defect.size(); ++b) {
+    defect[b].mean_kl += cpu_bf16[b].mean_kl;
+    shift += cpu_bf16[b].mean_kl / static_cast<double>(defect.size());
+  }
+  const PairedMetric d = paired_kl_with_device_error(defect, f.cpu, gpu_ref_truth);
+  std::printf("    a defect rounding every dequantized K/V to bf16 (+%.3g): t %+.2f (%s)\n", shift, d.t(),
+              d.ok() ? "within the bound" : "caught");
 }
 
 /// Mean KL(CPU fp32 ‖ CPU on the bf16-rounded weights) over the replay of `seqs`: the device's error scale.
@@ -105,14 +138,20 @@ double twin_mean_kl(const Model& m, const std::vector<std::vector<int32_t>>& seq
       .mean_kl;
 }
 
-/// The 16-bit device caches against the CPU's fp32 reference: within kFactor² of the bf16-weight CPU's KL.
+/// The 16-bit device caches against the CPU's fp32 reference: within kFactor² of the bf16-weight CPU's KL (printed
+/// with the CPU emulation of the device's arithmetic, eval_noise.hpp emulated_device, for the same cache).
 void expect_device_error_bounded(const Model& m, const std::vector<std::vector<int32_t>>& seqs, const std::string& what) {
   const double twin = twin_mean_kl(m, seqs);
   const auto rows = eval::evaluate(m, {spec_of("bf16"), spec_of("fp16")}, seqs, 0, {}, on_cuda(/*cpu_reference=*/true));
+  const Model bf16w = bf16_weight_copy(m);
+  const eval::Replay truth = eval::replay(m, KVCacheSpec{}, seqs);
   for (const auto& r : rows) {
+    const double emu = eval::compare(truth, eval::replay(bf16w, r.spec, seqs, 0, {}, emulated_device().engine), seqs,
+                                     m.config.vocab_size)
+                           .mean_kl;
     std::printf("[eval-cuda] %s, %s on the GPU vs the CPU's fp32 cache: mean KL %.3g (bf16-weight CPU: %.3g; bound "
-                "%.3g), top-1 %.2f%%, ppl ratio %.5f\n",
-                what.c_str(), r.label.c_str(), r.metrics.mean_kl, twin, kFactor * kFactor * twin,
+                "%.3g; the CPU emulation of the device: %.3g), top-1 %.2f%%, ppl ratio %.5f\n",
+                what.c_str(), r.label.c_str(), r.metrics.mean_kl, twin, kFactor * kFactor * twin, emu,
                 100 * r.metrics.top1, r.metrics.ppl_ratio);
     EXPECT_GT(r.metrics.mean_kl, 0.0) << what << " " << r.label << ": the GPU must differ from the CPU (bf16 weights)";
     EXPECT_LE(r.metrics.mean_kl, kFactor * kFactor * twin) << what << " " << r.label;
@@ -124,57 +163,82 @@ void expect_device_error_bounded(const Model& m, const std::vector<std::vector<i
 TEST(CudaEval, EveryDeviceFormatMatchesTheCpuEval) {
   const uint64_t seed = flashkv::testing::test_seed();
   const auto formats = device_quantized_formats(block_model(seed, 0));
-  std::vector<KVCacheSpec> all{spec_of("bf16")};
+  std::vector<KVCacheSpec> all{spec_of("bf16")};  // the device's reference first, then its formats
   all.insert(all.end(), formats.begin(), formats.end());
-  std::vector<std::vector<eval::Metrics>> cpu(formats.size()), gpu(formats.size());
+  std::vector<FormatBlocks> fb(formats.size());
+  std::vector<eval::Metrics> gpu_ref_truth, cpu_bf16;
   for (int b = 0; b < kBlocks; ++b) {
     const Model m = block_model(seed, b);
     const auto seqs = block_sequences(m, seed, b);  // sampled on the CPU: the same sequences for both devices
-    const auto c = eval::evaluate(m, formats, seqs);
+    const auto c = eval::evaluate(m, all, seqs);    // the CPU's bf16 cache too (the defect's size)
     int64_t calls = 0;
     const auto g = eval::evaluate(m, all, seqs, 0, [&](int64_t, int64_t) { ++calls; }, on_cuda());
     EXPECT_GT(calls, 0);
+    const auto gt = eval::evaluate(m, all, seqs, 0, {}, on_cuda(/*cpu_reference=*/true));
+    const auto e = eval::evaluate(bf16_weight_copy(m), formats, seqs, 0, {}, emulated_device());
     ASSERT_EQ(g.size(), all.size());
+    ASSERT_EQ(gt.size(), all.size());
     // bf16 on the device IS the reference: the same engine twice, bit-identical logits.
     EXPECT_LE(g[0].metrics.max_kl, 1e-12) << "block " << b << ": the device's bf16 cache against itself";
     EXPECT_EQ(g[0].metrics.top1, 1.0) << "block " << b;
+    EXPECT_GT(gt[0].metrics.mean_kl, 0.0) << "block " << b << ": the device's bf16 cache against the CPU's fp32 one";
+    gpu_ref_truth.push_back(gt[0].metrics);
+    cpu_bf16.push_back(c[0].metrics);
     for (std::size_t f = 0; f < formats.size(); ++f) {
-      EXPECT_EQ(g[f + 1].label, c[f].label);
-      EXPECT_EQ(g[f + 1].bytes_per_token, c[f].bytes_per_token) << c[f].label << ": one page layout on both devices";
-      cpu[f].push_back(c[f].metrics);
-      gpu[f].push_back(g[f + 1].metrics);
+      EXPECT_EQ(g[f + 1].label, c[f + 1].label);
+      EXPECT_EQ(g[f + 1].bytes_per_token, c[f + 1].bytes_per_token) << c[f + 1].label << ": one page layout on both devices";
+      fb[f].cpu.push_back(c[f + 1].metrics);
+      fb[f].gpu_own.push_back(g[f + 1].metrics);
+      fb[f].gpu_truth.push_back(gt[f + 1].metrics);
+      fb[f].emu.push_back(e[f].metrics);
     }
     if (b == 0) expect_device_error_bounded(m, seqs, "random 9/3x64 (block 0)");
   }
+  double dev = 0;
+  for (const auto& m : gpu_ref_truth) dev += m.mean_kl / kBlocks;
+  std::printf("[eval-cuda] the GPU's bf16 cache vs the CPU's fp32 cache (the device's own error): mean KL %.3g over %d "
+              "models\n", dev, kBlocks);
   for (std::size_t f = 0; f < formats.size(); ++f)
-    expect_within_noise(gpu[f], cpu[f], formats[f].label() + " (decode replay, " + std::to_string(kBlocks) +
-                                            " random 9/3x64 models)");
+    expect_matches(fb[f], gpu_ref_truth, cpu_bf16,
+                   formats[f].label() + " (decode replay, " + std::to_string(kBlocks) + " random 9/3x64 models)");
 }
 
 TEST(CudaEval, TextProtocolMatchesTheCpu) {
   const uint64_t seed = flashkv::testing::test_seed() + 3;
   const auto formats = device_quantized_formats(block_model(seed, 0));
+  std::vector<KVCacheSpec> all{spec_of("bf16")};
+  all.insert(all.end(), formats.begin(), formats.end());
   eval::PerplexityOptions o;
   o.n_ctx = 128;
   o.ubatch = 48;  // each chunk is prefilled through the cache under test in three ubatches
-  std::vector<std::vector<eval::Metrics>> cpu(formats.size()), gpu(formats.size());
+  std::vector<FormatBlocks> fb(formats.size());
+  std::vector<eval::Metrics> gpu_ref_truth, cpu_bf16;
   for (int b = 0; b < kBlocks; ++b) {
     const Model m = block_model(seed, b);
     std::mt19937_64 g(seed + static_cast<uint64_t>(b));
     std::vector<int32_t> toks(2 * static_cast<std::size_t>(o.n_ctx));  // two chunks of uniformly random tokens
     for (auto& t : toks) t = static_cast<int32_t>(g() % static_cast<uint64_t>(m.config.vocab_size));
-    const eval::TextResult c = eval::evaluate_text(m, formats, toks, o);
+    const eval::TextResult c = eval::evaluate_text(m, all, toks, o);
     const eval::TextResult d = eval::evaluate_text(m, formats, toks, o, {}, on_cuda());
+    const eval::TextResult dt = eval::evaluate_text(m, all, toks, o, {}, on_cuda(/*cpu_reference=*/true));
+    const eval::TextResult e = eval::evaluate_text(bf16_weight_copy(m), formats, toks, o, {}, emulated_device());
     ASSERT_EQ(d.reference_spec.kv_cache_dtype, "bf16");
     ASSERT_EQ(d.reference_device, "cuda:0");
+    ASSERT_EQ(dt.reference_spec.kv_cache_dtype, "fp32");
+    ASSERT_EQ(dt.rows.size(), all.size());
+    gpu_ref_truth.push_back(text_metrics(dt.reference, dt.rows[0].stats));
+    cpu_bf16.push_back(text_metrics(c.reference, c.rows[0].stats));
     for (std::size_t f = 0; f < formats.size(); ++f) {
-      cpu[f].push_back(text_metrics(c.reference, c.rows[f].stats));
-      gpu[f].push_back(text_metrics(d.reference, d.rows[f].stats));
+      fb[f].cpu.push_back(text_metrics(c.reference, c.rows[f + 1].stats));
+      fb[f].gpu_own.push_back(text_metrics(d.reference, d.rows[f].stats));
+      fb[f].gpu_truth.push_back(text_metrics(dt.reference, dt.rows[f + 1].stats));
+      fb[f].emu.push_back(text_metrics(e.reference, e.rows[f].stats));
     }
   }
   for (std::size_t f = 0; f < formats.size(); ++f)
-    expect_within_noise(gpu[f], cpu[f], formats[f].label() + " (llama-perplexity protocol, " +
-                                            std::to_string(kBlocks) + " random 9/3x64 models)");
+    expect_matches(fb[f], gpu_ref_truth, cpu_bf16,
+                   formats[f].label() + " (llama-perplexity protocol, " + std::to_string(kBlocks) +
+                       " random 9/3x64 models)");
 }
 
 TEST(CudaEval, ShippedModelSixteenBitCaches) {

@@ -12,15 +12,32 @@
 // kSeqs sampled sequences of kLen tokens; per block b, d_b = metric_a(b) − metric_b(b), and
 //     |mean(d)| <= kZ · sd(d) / sqrt(kBlocks)  +  floor
 // with kZ = 5 (a two-sided t-test with 15 degrees of freedom at p ≈ 2e-4: the ~40 checks of one GPU run fail by
-// chance < 1% of the time). Calibration (the bf16-rounded weights plus uniform weight noise of ±2.3·2^-8 — the CUDA
-// engine's logit error is ~2.3x that of rounding the weights alone, test_engine_cuda.cpp — as the "device", 5
-// formats x 3 metrics): on the GPU test's shape sd(t) = 1.0, max |t| = 2.7 over 60 checks (4 noise draws); on the CI
-// test's smaller shape sd(t) = 1.04, max |t| = 3.3 over 105 checks (7 seeds). Power (CPU formats against each other
-// on the same blocks, mean KL): int4 vs int4_g32 t = 14–32, int8 vs fp8_e4m3_dynamic |t| > 50, and even fp8_e4m3 vs
-// fp8_e4m3_dynamic (8–13% apart) t = 5.2 (GPU shape) / 6.2–7.8 (CI shape). The floor only keeps a metric that is 0 in
-// every block of both runs from dividing 0 by 0. tests/eval/test_eval_device.cpp checks the calibration and the
-// power on the CPU in CI; tests/cuda/test_eval_cuda.cpp applies the bound
-// to the GPU.
+// chance < 1% of the time).
+//
+// THE DEVICE'S OWN ARITHMETIC AND THE MEAN KL. The device rounds its activations to bf16 at ~6 points per layer (the
+// norms' outputs, q / k / v, the attention output, SwiGLU's output; cuda_engine.cpp). Against the device's own
+// lossless (bf16) cache these roundings cancel only while the two runs' activations are bit-identical; a quantized
+// cache moves every later activation by more than a bf16 ulp, so the format's run and the reference's run round
+// independently and KL(device bf16 ‖ device X) = KL_quant + KL(r_X − r_ref): about TWICE the KL of the device's
+// rounding noise on top of the quantization's (measured on the CPU with the device emulated — bf16 weights and
+// EngineOptions::bf16_activations — on the GPU test's models and seed: +5.6e-5 for int8, t = 45, where the H200
+// measured +5.6e-5, t = 49; fp8_e4m3 +8.8e-5 vs +9.5e-5; int4 +1.93e-4 vs +1.94e-4). Top-1 agreement and Δll are
+// first order in the logit error and insensitive to it at this size (Δll telescopes exactly); the KL is second
+// order: errors that are independent ADD in KL (KL ≈ ½ Var_p(Δlogit)). So the mean KL is compared against the one
+// reference both devices share, the CPU's fp32 cache (the truth T), with the device's measured error added:
+//     KL(T ‖ device X)   vs   KL(T ‖ CPU X) + KL(T ‖ device's bf16 cache)              (paired_kl_with_device_error)
+// — nothing about the device is modelled; both its terms are measured in the same run. A defect in the device's
+// quantized path (e.g. dequantized K / V rounded to bf16: + KL(T ‖ CPU bf16 cache), 4.3e-6 on the GPU test's models)
+// adds to the left side only. The rule is biased low by at most the format's own share of the bf16 rounding where
+// the format's grid contains the device's (bf16 itself: exactly; fp8 with a power-of-two scale: partly), far below
+// the bound of any quantized format.
+// Calibration and power (tests/eval/test_eval_device.cpp, CI): the device emulated on the CPU (bf16 weights + bf16
+// activations, EngineOptions::bf16_activations) passes the rule for every device format while failing the
+// device-reference KL comparison the way the H200 did (int8 t = 52–73 over 5 seeds; the rule |t| <= 1.9);
+// neighbouring formats fail the rule (int4 vs int4_g32 t = 14–34, int8 vs fp8_e4m3_dynamic |t| > 55, fp8_e4m3_dynamic
+// vs fp8_e4m3 t = 6–9); an extra bf16 rounding of every dequantized K / V (a defect of that size) reaches t ≈ 3–5 for
+// int8 on the CI models and is buried in the fp8 / int4 rows' noise (printed). tests/cuda/test_eval_cuda.cpp applies
+// the rule to the GPU and prints the GPU against the CPU emulation of it as well.
 #pragma once
 
 #include <algorithm>
@@ -28,11 +45,9 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "../common/model_copy.hpp"
 #include "../engine/random_model.hpp"
 #include "eval/evaluation.hpp"
 #include "eval/perplexity.hpp"
@@ -58,16 +73,16 @@ struct PairedMetric {
   }
 };
 
-/// The paired comparison of one metric over the per-sequence metrics of two evaluations (same sequences).
-inline PairedMetric paired(const char* name, const std::vector<eval::Metrics>& a, const std::vector<eval::Metrics>& b,
-                           const std::function<double(const eval::Metrics&)>& get, double floor) {
+/// The paired comparison of per-block values a[b] and b[b] (the same blocks).
+inline PairedMetric paired_values(const char* name, const std::vector<double>& a, const std::vector<double>& b,
+                                  double floor) {
   PairedMetric p{name};
   const std::size_t S = std::min(a.size(), b.size());
   std::vector<double> d(S);
   for (std::size_t s = 0; s < S; ++s) {
-    p.mean_a += get(a[s]) / static_cast<double>(S);
-    p.mean_b += get(b[s]) / static_cast<double>(S);
-    d[s] = get(a[s]) - get(b[s]);
+    p.mean_a += a[s] / static_cast<double>(S);
+    p.mean_b += b[s] / static_cast<double>(S);
+    d[s] = a[s] - b[s];
   }
   for (double x : d) p.diff += x / static_cast<double>(S);
   double var = 0;
@@ -75,6 +90,46 @@ inline PairedMetric paired(const char* name, const std::vector<eval::Metrics>& a
   p.se = S > 1 ? std::sqrt(var / static_cast<double>(S - 1) / static_cast<double>(S)) : INFINITY;
   p.floor = floor;
   return p;
+}
+
+/// The paired comparison of one metric over the per-block metrics of two evaluations (same blocks).
+inline PairedMetric paired(const char* name, const std::vector<eval::Metrics>& a, const std::vector<eval::Metrics>& b,
+                           const std::function<double(const eval::Metrics&)>& get, double floor) {
+  std::vector<double> va, vb;
+  for (const auto& m : a) va.push_back(get(m));
+  for (const auto& m : b) vb.push_back(get(m));
+  return paired_values(name, va, vb, floor);
+}
+
+/// The mean-KL rule of the file comment, per block against the CPU's fp32 cache (the truth T): a = KL(T ‖ device X),
+/// b = KL(T ‖ CPU X) + KL(T ‖ the device's lossless cache).
+inline PairedMetric paired_kl_with_device_error(const std::vector<eval::Metrics>& device_x,
+                                                const std::vector<eval::Metrics>& cpu_x,
+                                                const std::vector<eval::Metrics>& device_ref) {
+  std::vector<double> a, b;
+  const std::size_t S = std::min({device_x.size(), cpu_x.size(), device_ref.size()});
+  for (std::size_t s = 0; s < S; ++s) {
+    a.push_back(device_x[s].mean_kl);
+    b.push_back(cpu_x[s].mean_kl + device_ref[s].mean_kl);
+  }
+  return paired_values("KL+dev", a, b, 1e-12);
+}
+
+/// The first-order metrics (top-1 disagreement, Δll) of two evaluations, each against its own device's lossless
+/// reference (the mean KL: paired_kl_with_device_error).
+inline std::vector<PairedMetric> paired_first_order(const std::vector<eval::Metrics>& a,
+                                                    const std::vector<eval::Metrics>& b) {
+  return {paired("top-1 dis", a, b, [](const eval::Metrics& m) { return 1.0 - m.top1; }, 1e-4),
+          paired("delta ll", a, b, [](const eval::Metrics& m) { return m.delta_ll; }, 1e-12)};
+}
+
+/// The CUDA engine's arithmetic emulated on the CPU: run a model whose matrices are rounded to bf16
+/// (enginetest::bf16_weight_copy) on this target (EngineOptions::bf16_activations; its fp32 reference cache is then
+/// as lossless as the device's bf16 one).
+inline eval::EvalTarget emulated_device() {
+  eval::EvalTarget t;
+  t.engine.bf16_activations = true;
+  return t;
 }
 
 /// KL, top-1 disagreement and Δll of two evaluations of one format.
@@ -87,15 +142,6 @@ inline std::vector<PairedMetric> paired_metrics(const std::vector<eval::Metrics>
 
 inline bool all_ok(const std::vector<PairedMetric>& ms) {
   return std::all_of(ms.begin(), ms.end(), [](const PairedMetric& m) { return m.ok(); });
-}
-
-/// A copy of `m` (the copy owns its weights) whose matrices are multiplied by (1 + u), u uniform in [−rel, rel],
-/// seeded: weight noise of a chosen size, to emulate a device whose rounding error is larger than bf16's.
-inline Model perturbed_copy(const Model& m, double rel, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(-rel, rel);
-  return test::mapped_weight_copy(m, " (perturbed)",
-                                  [&](float x) { return static_cast<float>(x * (1.0 + u(rng))); });
 }
 
 /// `m` with its final norm weights scaled by `s` (the logits scale by s): the random test models' logits have a
