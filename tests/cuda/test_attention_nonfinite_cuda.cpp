@@ -185,6 +185,10 @@ struct Case {
   Problem p;
   std::vector<Bad> bad;
   bool backward = false;
+  /// Forward only, fixed-length: the call is captured into a CUDA graph on a new stream and the graph replayed twice,
+  /// out and lse poisoned before each replay (a capture takes a zeroed stream-ordered flag instead of the device's
+  /// epoch slot, kernel/fwd_kernel.cuh; each replay must run its own fix-up).
+  bool graph = false;
 };
 
 void run_case(const Case& cs) {
@@ -225,6 +229,25 @@ void run_case(const Case& cs) {
     cuda::attention_forward_cuda(core::make_varlen_forward_problem(v3(qb, TQ, H), v3(kb, TK, HK), v3(vb, TK, HK), cqv,
                                                                    ckv, mq, mk, v3(ob, TQ, H), &lse, o),
                                  nullptr);
+  } else if (cs.graph) {
+    const core::AttentionProblem fp =
+        core::make_forward_problem(v4(qb, S, H), v4(kb, SK, HK), v4(vb, SK, HK), v4(ob, S, H), &lse, o);
+    cudaStream_t st = nullptr;
+    cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    cuda::attention_forward_cuda(fp, st);
+    cuda_ok(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    for (int replay = 0; replay < 2; ++replay) {
+      ob.poison(), lb.poison();
+      cuda_ok(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+      cuda_ok(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
   } else {
     cuda::attention_forward_cuda(
         core::make_forward_problem(v4(qb, S, H), v4(kb, SK, HK), v4(vb, SK, HK), v4(ob, S, H), &lse, o), nullptr);
@@ -427,6 +450,19 @@ TEST(CudaNonFiniteSm90ws, ForwardFollowsTheDefinition) {
   if (!cuda::device_runs_sm90()) GTEST_SKIP() << "no Hopper GPU running sm_90a code";
   run_all(forward_cases(), KernelFamily::sm90ws);
 }
+// The sm80 forward captured into a CUDA graph (two replays): the fix-up of every replay repairs the rows a NaN / inf
+// reached, as eagerly.
+TEST(CudaNonFiniteSm80, ForwardInsideACudaGraph) {
+  std::vector<Case> cs;
+  for (Case c : forward_cases()) {
+    if (c.p.varlen) continue;
+    c.graph = true;
+    cs.push_back(c);
+  }
+  ASSERT_FALSE(cs.empty());
+  run_all(cs, KernelFamily::sm80);
+}
+
 TEST(CudaNonFinite, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::automatic); }
 TEST(CudaNonFiniteSm80, BackwardFollowsTheDefinition) { run_all(backward_cases(), KernelFamily::sm80); }
 // The sm80 forward has no in-kernel rare path (the fix-up kernel covers it): its other tile configurations.
