@@ -62,7 +62,7 @@ struct EngineOptions {
   /// residual stream and logits), prefill through flashkv's CUDA attention (bf16, or fp16 with an fp16 cache), decode
   /// and extend through the CUDA paged decode of a device PagedKVCache. The CUDA engine needs a kv_cache_dtype the
   /// device decodes: "bf16", "fp16" or a compiled quantized format (fp8_e4m3, fp8_e4m3_dynamic, int8, int4[_gN] at
-  /// head_dim 64 / 128 in the default build; Hadamard rotation allowed), without sinks, residual window or KIVI (UnsupportedError
+  /// head_dim 64 / 128 in the default build), without sinks, residual window, KIVI or rotation (UnsupportedError
   /// naming the spec otherwise; never a silent CPU fallback). UnsupportedError when the library has no CUDA backend or
   /// no CUDA device is present.
   Device device = Device::cpu;

@@ -66,14 +66,13 @@
 //   `flashkv kv-mem` evaluates the same formula (kv_memory_estimate()).
 //
 // DEVICE CACHES (device = cuda): append() takes k / v on the host (quantized on the host, every format) or, for a
-//   cache without sinks, residual window or KIVI keys, CUDA tensors (float32 / float16 / bfloat16; a bf16 /
+//   cache without sinks, residual window, KIVI keys or rotation, CUDA tensors (float32 / float16 / bfloat16; a bf16 /
 //   fp16 cache takes its own dtype), written by a CUDA kernel on the default stream: copied for bf16 / fp16, quantized
 //   on the device otherwise with the CPU codec's codes and metadata bit for bit (the format trait's encode_unit); values
 //   are checked first (Error naming k / v and the element; nothing written). attention() runs the CUDA split-KV decode
 //   (flashkv/decode.hpp) for bf16 / fp16 caches and, from the packed pages, for the compiled quantized formats (CMake
-//   FLASHKV_CUDA_KV_FORMATS; default fp8_e4m3, fp8_e4m3_dynamic, int8, int4 with any group, head_dim 64 / 128), Hadamard-rotated
-//   or not (q rotated before the kernel, the float32 output rotated back after it); windows, KIVI and uncompiled
-//   combinations raise UnsupportedError naming them (to(Device::cpu) decodes them). dequantize() of a device cache reads
+//   FLASHKV_CUDA_KV_FORMATS; default fp8_e4m3, fp8_e4m3_dynamic, int8, int4 with any group, head_dim 64 / 128); windows,
+//   rotation, KIVI and uncompiled combinations raise UnsupportedError naming them (to(Device::cpu) decodes them). dequantize() of a device cache reads
 //   it back to the host. A device cache needs a library built with the CUDA backend (UnsupportedError otherwise).
 //
 // NON-FINITE VALUES: append() rejects non-finite k / v (Error naming the element). In attention(), a NaN in q, or a
@@ -242,7 +241,7 @@ class PagedKVCache {
 
   /// Appends n_tokens tokens of one layer: k, v [n_tokens, num_heads_kv, head_dim] float32/float16/bfloat16 (same
   /// dtype; last dim contiguous; any other strides), n_tokens >= 0, in host memory (any cache) or CUDA memory (a CUDA
-  /// cache without windows or KIVI keys; see DEVICE CACHES). Quantize-on-write;
+  /// cache without windows, KIVI keys or rotation; see DEVICE CACHES). Quantize-on-write;
   /// appending N tokens at once gives the same contents as N single appends.
   /// Errors (cache unchanged after any of them): Error 'seq_id' (unknown), 'layer' (out of range), 'k'/'v' (shape,
   /// non-finite values), TypeError (dtype, device); CapacityError when a fixed-size pool lacks the
@@ -252,7 +251,7 @@ class PagedKVCache {
   /// Batched append: k, v [batch, n_tokens, num_heads_kv, head_dim] (dtypes, devices and strides as append(); the last
   /// dim contiguous): block b is appended to sequence seq_ids[b] (batch = seq_ids.size(), distinct registered ids).
   /// The cache ends up byte for byte as after append(seq_ids[b], layer, k[b], v[b]) for b = 0, 1, ... in order (the
-  /// same pages, codes and metadata). A device cache (no windows or KIVI keys) fed CUDA k / v writes all the
+  /// same pages, codes and metadata). A device cache (no windows, KIVI keys or rotation) fed CUDA k / v writes all the
   /// blocks with one page-table upload and one kernel launch (the values checked on the device first); otherwise the
   /// blocks are appended in turn. Errors as append(), plus Error 'seq_ids' (unknown or repeated id, or a count other
   /// than k.shape[0]); every check — ids, shapes, values, the pages all blocks need — comes before anything is

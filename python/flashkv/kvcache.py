@@ -11,8 +11,8 @@ in host memory or on a CUDA device.
 Capacity: by default (capacity_pages = capacity_bytes = 0) the page pool starts small and grows as appends need pages;
 pass capacity_pages or capacity_bytes for a fixed pool (then an append that does not fit raises flashkv.CapacityError
 and changes nothing). device="cuda" (or "cuda:N") keeps the pages on the GPU (same layout; attention there takes torch
-CUDA tensors; bf16 / fp16, fp8 and int8 / int4 caches without windows (Hadamard-rotated or not) append torch CUDA
-tensors and decode on the GPU, KIVI / windows after cache.to("cpu")); cache.to(device) copies a cache between host and device.
+CUDA tensors; bf16 / fp16, fp8 and int8 / int4 caches without windows or rotation append torch CUDA tensors and decode
+on the GPU, KIVI / windows / rotation after cache.to("cpu")); cache.to(device) copies a cache between host and device.
 
 kv_cache_dtype strings: "fp32", "bf16", "fp16", "fp8_e4m3" (= "fp8"), "fp8_e5m2", "fp8_e4m3_dynamic", "int8", "int4",
 "int4_kivi", "int2_kivi", with an optional group suffix "_gN" and the explicit form "k:int8,v:int4". Errors: ValueError
@@ -256,7 +256,7 @@ class KVCache(OwnedHandle):
     def append(self, seq_id: int, layer: int, k: Any, v: Any, dtype: str | None = None) -> None:
         """Quantize-on-write append of k, v [n_tokens, num_heads_kv, head_dim] float32 / float16 / bfloat16 (numpy or
         torch; dtype='bfloat16' marks uint16 arrays as bfloat16 bits). Host arrays work for every cache (quantized on
-        the host, then copied for a CUDA cache); a CUDA cache without sinks, residual window or KIVI keys also
+        the host, then copied for a CUDA cache); a CUDA cache without sinks, residual window, KIVI keys or rotation also
         takes torch CUDA tensors on its device (a bf16 / fp16 cache: its own dtype; other formats: float32 / float16 /
         bfloat16, quantized on the device with the CPU codec's codes), written by a kernel on the default stream.
         A fixed pool without room raises flashkv.CapacityError and changes nothing."""

@@ -45,9 +45,6 @@ struct DecodeKV {
   /// Hadamard rotation of the quantized halves (host: ±1 diagonal [head_dim]); q is rotated when rot_k, the output
   /// rotated back when rot_v.
   const float* rot_signs = nullptr;
-  /// The same signs already on `device` (a device PagedKVCache keeps a copy), or nullptr: the device side then uploads
-  /// rot_signs itself (not capturable in a CUDA graph).
-  const float* device_rot_signs = nullptr;
   bool rot_k = false, rot_v = false;
 
   /// [batch, max_pages] int32 on `device` (row stride page_table_stride); nullptr = contiguous per-sequence caches:

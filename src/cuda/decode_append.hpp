@@ -64,11 +64,6 @@ struct QuantAppendParams {
   /// index into `bad` (initialized by the caller) and does not write that row (for callers that cannot synchronize
   /// between the check and the write, e.g. inside a CUDA graph).
   bool inline_check = false;
-  /// rotation = hadamard: per half, the ±1 signs [head_dim] on the device when that half's rows are rotated
-  /// (kvcache/format/hadamard.hpp, the CPU cache's definition: after the value check, before the encode), else nullptr;
-  /// rot_norm = kv::hadamard_norm(head_dim). The codes stay those of the CPU cache, which rotates the same floats.
-  const float* rot_signs[2] = {nullptr, nullptr};
-  float rot_norm = 1.f;
 };
 
 /// Writes p.bad[half] (see QuantAppendParams::bad); asynchronous.

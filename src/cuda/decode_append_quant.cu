@@ -7,15 +7,11 @@
 //                  loads); group extremes / amax by shuffles (min / max are exact in any order), then the trait's
 //                  asym_params / asym_code / fp8_token_scale / float_to_fp8_bits, pack_byte for the planar bytes;
 //   thread kernel  everything else (16-bit / float32 codes, other head dims): one thread per row calling encode_unit.
-// A rotated half (rotation = hadamard, QuantAppendParams::rot_signs) has its row rotated in float32 after the value
-// check and before the encode, by kv::hadamard_rotate_lanes — the CPU cache's own function (one lane: the thread
-// kernel; the warp's 32 lanes over a shared-memory row: the warp kernel; the same additions in the same order).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
-#include "kvcache/format/hadamard.hpp"
 
 namespace flashkv::cuda {
 namespace {
@@ -85,7 +81,6 @@ __global__ void quant_append_kernel(const QuantAppendParams p, int64_t rows) {
         continue;
       }
     }
-    if (p.rot_signs[half] != nullptr) kv::hadamard_rotate_lanes(x, p.head_dim, p.rot_signs[half], p.rot_norm, false, 0, 1, [] {});
     const int64_t pos = p.seqlens[b] + i;
     const int64_t page = p.page_table[b * p.page_table_batch + pos / p.page_size];
     const int32_t slot = static_cast<int32_t>(pos % p.page_size);
@@ -129,7 +124,6 @@ __device__ __forceinline__ float warp_max(float v) {
 template <int E>
 __global__ void quant_append_warp_kernel(const QuantAppendParams p, int64_t rows) {
   __shared__ uint8_t tmp[kWarpsPerBlock][32 * E];
-  __shared__ float rot[kWarpsPerBlock][32 * E];  // a rotated half's row
   const int lane = threadIdx.x % 32, wib = threadIdx.x / 32;
   const int64_t warp0 = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
@@ -157,15 +151,6 @@ __global__ void quant_append_warp_kernel(const QuantAppendParams p, int64_t rows
         if (lane == 0) atomicMin(&p.bad[half], static_cast<unsigned long long>(r * p.head_dim + bad_c));
         continue;
       }
-    }
-    if (p.rot_signs[half] != nullptr) {  // uniform over the warp
-#pragma unroll
-      for (int k = 0; k < E; ++k) rot[wib][lane + 32 * k] = x[k];
-      __syncwarp();
-      kv::hadamard_rotate_lanes(rot[wib], 32 * E, p.rot_signs[half], p.rot_norm, false, lane, 32, [] { __syncwarp(); });
-#pragma unroll
-      for (int k = 0; k < E; ++k) x[k] = rot[wib][lane + 32 * k];
-      __syncwarp();
     }
     const int64_t pos = p.seqlens[b] + i;
     const int64_t page = p.page_table[b * p.page_table_batch + pos / p.page_size];

@@ -19,11 +19,9 @@
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
 #include "cuda/decode_quant.hpp"
-#include "cuda/decode_rotate.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"
-#include "kvcache/format/hadamard.hpp"
 
 namespace flashkv::cuda {
 namespace {
@@ -160,28 +158,6 @@ AppendParams append16_params(const core::DecodeProblem& p, const int32_t* table,
   return a;
 }
 
-/// The rotation signs of `p` on the device (rotation = hadamard): kv.device_rot_signs, else kv.rot_signs uploaded into
-/// `buf` (which must outlive the launches); nullptr when nothing is rotated.
-const float* device_rot_signs(const core::DecodeProblem& p, std::unique_ptr<DeviceBuffer>& buf, cudaStream_t stream) {
-  if (!p.kv.rot_k && !p.kv.rot_v) return nullptr;
-  if (p.kv.rot_signs == nullptr || p.head_dim > 256 || (p.head_dim & (p.head_dim - 1)) != 0) {
-    throw Error("flashkv: CUDA Hadamard rotation needs the signs and a power-of-two head_dim <= 256", Status::internal);
-  }
-  if (p.kv.device_rot_signs != nullptr) return p.kv.device_rot_signs;
-  const size_t bytes = static_cast<size_t>(p.head_dim) * 4;
-  buf = std::make_unique<DeviceBuffer>(bytes, stream);
-  check_cuda(cudaMemcpyAsync(buf->get(), p.kv.rot_signs, bytes, cudaMemcpyHostToDevice, stream),
-             "upload Hadamard signs");
-  return buf->as<float>();
-}
-
-/// The append's rotated halves (QuantAppendParams::rot_signs) from `p`'s rot_k / rot_v and the device signs.
-void set_rotation(QuantAppendParams& a, const core::DecodeProblem& p, const float* signs) {
-  a.rot_signs[0] = p.kv.rot_k ? signs : nullptr;
-  a.rot_signs[1] = p.kv.rot_v ? signs : nullptr;
-  a.rot_norm = kv::hadamard_norm(static_cast<int32_t>(p.head_dim));
-}
-
 /// The plan of one decode batch shape on one CUDA device.
 class CudaDecodeWork final : public core::DecodeWork {
  public:
@@ -199,12 +175,6 @@ class CudaDecodeWork final : public core::DecodeWork {
   int32_t num_splits_ = 1;
   int64_t rows_ = 0;  ///< batch · num_heads · max_seqlen_q
   std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_, head_scales_[2];
-  /// Hadamard-rotated halves (decode_rotate.hpp): the ±1 signs on the device, and with rot_k the rotated queries
-  /// [rows of q, num_heads, head_dim] in the query dtype (row stride num_heads · head_dim, batch stride q_batch_).
-  std::unique_ptr<DeviceBuffer> rot_signs_, q_rot_;
-  const float* signs_ = nullptr;  ///< on the device (kv.device_rot_signs or rot_signs_)
-  int64_t q_batch_ = 0;
-  float rot_norm_ = 1.f;
   std::string path_;
 };
 
@@ -221,14 +191,13 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
                            " pages for " + dtype_name(p.dtype) + " queries");
   }
-  if (p.kv.regions.has_window()) {
+  if (p.kv.regions.has_window() || p.kv.rot_k || p.kv.rot_v) {
     throw UnsupportedError(std::string("flashkv: the CUDA decode does not read sink / residual windows (KIVI keys' "
-                           "bf16 tail) yet (issue #12); this cache: k=") +
+                           "bf16 tail) or Hadamard-rotated pages yet (issue #12); this cache: k=") +
                            p.kv.format_name[0] + " v=" + p.kv.format_name[1] +
                            (p.kv.rot_k || p.kv.rot_v ? ", rotated" : "") +
                            "; PagedKVCache::to(Device::cpu) decodes it on the CPU");
   }
-  const bool rot = p.kv.rot_k || p.kv.rot_v;
   if (p.head_dim > 256 || p.head_dim % 8 != 0) {
     throw Error("q", "head_dim in 8..256, a multiple of 8 (CUDA decode)", str(p.head_dim));
   }
@@ -305,20 +274,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                "decode plan: upload cu_seqlens_q");
   }
   num_splits_ = choose_splits(p, launch_, max_k, device_);
-  // A rotated V half: the kernel leaves float32 partials (>= 2 splits) that decode_rotate_out merges, rotates back and
-  // rounds once (rounding the rotated output first would round twice).
-  if (p.kv.rot_v) num_splits_ = std::max<int32_t>(num_splits_, 2);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
-  if (rot) {
-    signs_ = device_rot_signs(p, rot_signs_, stream_);  // the cache's device copy, else uploaded once per plan
-    rot_norm_ = kv::hadamard_norm(static_cast<int32_t>(p.head_dim));
-  }
-  if (p.kv.rot_k) {
-    const int64_t q_rows = p.is_varlen ? p.total_q : p.batch * p.max_seqlen_q;
-    q_batch_ = p.is_varlen ? 0 : p.max_seqlen_q * p.num_heads * p.head_dim;
-    q_rot_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(std::max<int64_t>(q_rows, 1) * p.num_heads * p.head_dim) * 2,
-                                            stream_);
-  }
   if (num_splits_ > 1) {
     const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;
     o_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_ * dk) * 4, stream_);
@@ -330,7 +286,6 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                                   ? " paged page" + str(kv.page_size)
                                   : std::string(" contiguous"));
   if (p.is_varlen && p.max_seqlen_q > 1) path_ += " varlen";
-  if (rot) path_ += " hadamard";
   if (p.k_new != nullptr) path_ += " append";
 }
 
@@ -385,23 +340,7 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
     d.k_format = kv.format[0], d.v_format = kv.format[1];
     d.k_head_scales = head_scales_[0] ? head_scales_[0]->as<float>() : kv.device_head_scales[0];
     d.v_head_scales = head_scales_[1] ? head_scales_[1]->as<float>() : kv.device_head_scales[1];
-    const int32_t dt = p.dtype == DType::bfloat16 ? 1 : 2;
-    if (kv.rot_k) {  // q·k = (H·D·q)·(H·D·k): the kernel reads the rotated queries, rounded once to the query dtype
-      RotateRowsParams r;
-      r.src = p.q, r.src_dtype = dt;
-      r.src_batch = p.is_varlen ? 0 : p.q_strides.batch, r.src_row = p.q_strides.row, r.src_head = p.q_strides.head;
-      r.dst = q_rot_->get(), r.dst_dtype = dt;
-      r.dst_batch = q_batch_, r.dst_row = p.num_heads * p.head_dim, r.dst_head = p.head_dim;
-      r.batch = p.is_varlen ? 1 : d.batch, r.rows = static_cast<int32_t>(p.is_varlen ? p.total_q : p.max_seqlen_q);
-      r.heads = d.num_heads, r.head_dim = d.head_dim;
-      r.signs = signs_, r.norm = rot_norm_;
-      rotate_rows(r, stream_);
-      d.q = q_rot_->get();
-      d.q_batch = q_batch_, d.q_row = r.dst_row, d.q_head = r.dst_head;
-    }
     qe_->launch(d, stream_);
-    // Σ p·(H·D·v) = H·D·o: the float32 partials merged, rotated back, rounded once (lse unchanged, written above)
-    if (kv.rot_v) decode_rotate_out(d, dt, signs_, rot_norm_, stream_);
     return;
   }
   reinterpret_cast<DecodeLaunch>(ke_->launch)(d, stream_);
@@ -482,15 +421,12 @@ void check_values_or_throw(const core::DecodeProblem& p, cudaStream_t stream) {
 
 /// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (check_values_or_throw),
 /// then encoded by the format trait.
-/// Rotated halves (p.kv.rot_k / rot_v): the rows are checked as given (as the CPU cache checks them); the encode
-/// rotates them (QuantAppendParams::rot_signs) before quantizing, so the codes equal the CPU cache's.
 void quant_append_hook(const core::DecodeProblem& p) {
   DeviceGuard guard(p.device_index);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   check_values_or_throw(p, stream);
-  std::unique_ptr<DeviceBuffer> scales[2], signs;
-  QuantAppendParams a = quant_params(p, scales, stream);
-  set_rotation(a, p, device_rot_signs(p, signs, stream));
+  std::unique_ptr<DeviceBuffer> scales[2];
+  const QuantAppendParams a = quant_params(p, scales, stream);
   quant_append(a, stream);
   check_cuda(cudaStreamSynchronize(stream), "KV cache append");
 }
@@ -501,9 +437,6 @@ void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
   DeviceGuard guard(p.device_index);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch == 0 || p.seqlen_q == 0) return;
-  if ((p.kv.rot_k || p.kv.rot_v) && p.kv.device_rot_signs == nullptr) {
-    throw Error("flashkv: KV step append: Hadamard signs must be on the device (kv.device_rot_signs)", Status::internal);
-  }
   if (raw16_pages(p)) {
     AppendParams a = append16_params(p, p.kv.page_table, p.kv.seqlens);
     a.bad = bad;
@@ -518,7 +451,6 @@ void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
   }
   std::unique_ptr<DeviceBuffer> none[2];
   QuantAppendParams a = quant_params(p, none, stream);
-  set_rotation(a, p, p.kv.device_rot_signs);
   a.bad = bad;
   a.inline_check = true;
   quant_append(a, stream);
@@ -533,8 +465,7 @@ int32_t num_splits_hook(const core::DecodeProblem& p) {
     launch = find_quant_decode(p.head_dim, p.dtype, p.kv.format[0], p.kv.format[1], p.kv.format_name[0],
                                p.kv.format_name[1]).launch;
   }
-  const int32_t s = choose_splits(p, launch, p.max_seqlen_k, p.device_index);
-  return p.kv.rot_v ? std::max<int32_t>(s, 2) : s;  // as CudaDecodeWork: rotated V needs the float32 partials
+  return choose_splits(p, launch, p.max_seqlen_k, p.device_index);
 }
 
 void append_hook(const core::DecodeProblem& p) {
@@ -613,8 +544,8 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
   throw UnsupportedError("flashkv: the CUDA decode of k=" + k_name + " v=" + v_name + " pages, head_dim " +
                          str(head_dim) + ", " + dtype_name(dtype) + " queries is not compiled in this build (compiled: " +
                          (compiled.empty() ? std::string("none") : compiled) +
-                         "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI and windows have no "
-                         "CUDA decode yet)");
+                         "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI, windows and rotation "
+                         "have no CUDA decode yet)");
 }
 
 int32_t decode_l2_prefetch_blocks() {

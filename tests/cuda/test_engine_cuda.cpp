@@ -156,17 +156,6 @@ TEST(CudaEngine, SmolLM2ShapedRandomModelEveryDeviceFormat) {
     expect_close(q, teacher_forced(gpu, prompt, forced), std::string("random 9/3x64, ") + fmt, quant.max_kl,
                  quant.max_diff);
   }
-  // + hadamard: the device rotates K / V rows before quantizing (prefill append and the graph-captured step append),
-  // the decode rotates q and the output; the CPU engine with the same spec (same rotation seed) is the reference.
-  for (const char* fmt : {"int8", "int4"}) {
-    KVCacheSpec s = spec_of(fmt);
-    s.rotate = true, s.rotation_seed = seed + 3;
-    const Reference q = reference(m, prompt, forced, s, 0);
-    const Comparison quant = compare_logits(fp32.cpu, q.cpu);
-    Engine gpu(m, s, 1, 0, on_cuda());
-    expect_close(q, teacher_forced(gpu, prompt, forced), std::string("random 9/3x64, ") + s.label(), quant.max_kl,
-                 quant.max_diff);
-  }
 }
 
 /// Logits of the last token after feeding `toks` in two extend() chunks (split at `cut`) through the cache.
@@ -247,8 +236,6 @@ TEST(CudaEngine, UnsupportedSpecsAreTypedErrors) {
   expect_unsupported(spec_of("int2_kivi"), "KIVI");
   KVCacheSpec r = spec_of("int8");
   r.residual = 32;
-  expect_unsupported(r, "residual");
-  r.rotate = true;  // a rotated cache with a window: still the window's refusal
   expect_unsupported(r, "residual");
   // head_dim 16 (the 260K model's) has no quantized device decode in the default build: named, not run on the CPU.
   ModelConfig c16 = c;

@@ -216,8 +216,10 @@ class CudaEngine final : public engine_detail::EngineBackend {
       throw Error("options.device_index", "a CUDA device in [0, " + std::to_string(n) + ")",
                   std::to_string(kc.device_index));
     const std::string spec = "kv_cache_dtype k=" + half_name(kc.k_format) + " v=" + half_name(kc.v_format);
-    if (kc.sink_tokens > 0 || kc.residual_tokens > 0 || kc.k_format.is_kivi() || kc.v_format.is_kivi())
-      throw UnsupportedError("flashkv: the CUDA engine does not decode sinks, residual windows or KIVI yet (" + spec + ", sinks " + std::to_string(kc.sink_tokens) + ", residual " +
+    if (kc.sink_tokens > 0 || kc.residual_tokens > 0 || kc.rotation != KVRotation::none || kc.k_format.is_kivi() ||
+        kc.v_format.is_kivi())
+      throw UnsupportedError("flashkv: the CUDA engine does not decode sinks, residual windows, KIVI or Hadamard "
+                             "rotation yet (" + spec + ", sinks " + std::to_string(kc.sink_tokens) + ", residual " +
                              std::to_string(kc.residual_tokens) + "); use --device cpu for them");
     const bool k16 = kc.k_format.format == KVFormat::bf16 || kc.k_format.format == KVFormat::fp16;
     const bool v16 = kc.v_format.format == KVFormat::bf16 || kc.v_format.format == KVFormat::fp16;

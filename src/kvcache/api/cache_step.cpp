@@ -20,9 +20,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 void check_step_cache(const Impl& m) {
   const KVCacheConfig& c = m.cfg;
-  if (m.on_host() || m.regions.has_window()) {
+  if (m.on_host() || m.regions.has_window() || m.rot_k || m.rot_v) {
     throw UnsupportedError("flashkv: engine steps over device tables need a device cache without sinks, residual "
-                           "window or KIVI keys (this cache: " + c.k_format.name() + "/" +
+                           "window, KIVI keys or rotation (this cache: " + c.k_format.name() + "/" +
                            c.v_format.name() + " on " + device_name(c.device) + ", sink_tokens " +
                            str(c.sink_tokens) + ", residual_tokens " + str(c.residual_tokens) + ")");
   }
@@ -49,10 +49,6 @@ core::DecodeProblem step_problem(const Impl& m, int64_t batch, int64_t n_new, DT
     kv.device_head_scales[half] = m.device_head_scales(half);
   }
   kv.seqlen_add = n_new;
-  kv.rot_signs = m.rot_signs.empty() ? nullptr : m.rot_signs.data();  // Hadamard: the device copy, no upload
-  kv.device_rot_signs = m.device_rot_signs();
-  kv.rot_k = m.rot_k;
-  kv.rot_v = m.rot_v;
   return p;
 }
 

@@ -17,7 +17,7 @@
 //                                             causal, bottom-right aligned);
 //   4. step_commit(cache, ids, n_new)         the host lengths advance by n_new in every layer.
 // Until step_commit the host lengths are the old ones: run nothing else on the cache in between. Device caches
-// without windows or KIVI keys only (Hadamard-rotated ones included; UnsupportedError naming the cache otherwise); every sequence must have
+// without windows, KIVI keys or rotation only (UnsupportedError naming the cache otherwise); every sequence must have
 // the same length in every layer (Error 'seq_ids').
 //
 // What a step plan depends on (and so what a captured graph is valid for): batch, n_new, num_heads, the q dtype, the

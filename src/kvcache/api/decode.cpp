@@ -126,7 +126,6 @@ DecodePlan plan_decode(const PagedKVCache& cache, std::span<const int64_t> seq_i
   kv.window = m.wgeom;
   kv.window_bases = m.regions.has_window() ? plan->window_bases.data() : nullptr;
   kv.rot_signs = m.rot_signs.empty() ? nullptr : m.rot_signs.data();
-  kv.device_rot_signs = m.device_rot_signs();
   kv.rot_k = m.rot_k;
   kv.rot_v = m.rot_v;
   kv.host_page_table = plan->page_table.data();

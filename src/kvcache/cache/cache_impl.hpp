@@ -46,9 +46,6 @@ struct PagedKVCache::Impl {
   /// A device cache's static fp8 scales per kv head ([num_heads_kv] float32) on its device, per half (head_static
   /// formats only; empty otherwise): read by the device append and decode without an upload (graph-capturable).
   kv::Storage head_scales_dev[2];
-  /// A device cache's rotation signs (rot_signs) on its device, when rotated: read by the device append (the engine's
-  /// capturable step append) and decode without an upload.
-  kv::Storage rot_signs_dev;
   std::vector<int32_t> free_list;  ///< stack of free page ids
   std::map<int64_t, Seq> seqs;
   uint64_t next_version = 1;
@@ -89,12 +86,8 @@ struct PagedKVCache::Impl {
   void reserve_pages(int64_t extra, const std::string& what);
   /// Takes a page from the free list for sequence s.
   void take_page(Seq& s);
-  /// Fills head_scales_dev from the codecs and rot_signs_dev from rot_signs (device caches; construction and to()).
+  /// Fills head_scales_dev from the codecs (device caches; construction and to()).
   void upload_head_scales();
-  /// rot_signs_dev as a device pointer, or nullptr.
-  const float* device_rot_signs() const {
-    return rot_signs_dev.bytes() > 0 ? reinterpret_cast<const float*>(rot_signs_dev.data()) : nullptr;
-  }
   /// head_scales_dev[half] as a device pointer, or nullptr.
   const float* device_head_scales(int half) const {
     return head_scales_dev[half].bytes() > 0 ? reinterpret_cast<const float*>(head_scales_dev[half].data()) : nullptr;
@@ -133,7 +126,7 @@ struct DeviceRows {
 };
 
 /// Appends `n_tokens` rows to each sequence seq_ids[b] (registered, distinct) in `layer` of a device cache without
-/// windows or KIVI keys (rotated rows: rotated by the encode kernel): pages taken for all of them first (CapacityError, nothing changed), one upload of
+/// windows, KIVI keys or rotation: pages taken for all of them first (CapacityError, nothing changed), one upload of
 /// the page table and lengths, the values checked on the device (Error naming k / v and the element, nothing written
 /// and the pages given back), then one launch writes every row (copied for a 16-bit cache fed its dtype, quantized on
 /// the device otherwise). Synchronous. UnsupportedError / TypeError naming what the device append cannot take.

@@ -23,9 +23,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 /// The checks of a device append that do not depend on the rows' values (UnsupportedError / TypeError naming them).
 void check_device_append(const PagedKVCache::Impl& m, const DeviceRows& r) {
   const KVCacheConfig& c = m.cfg;
-  if (m.regions.has_window()) {
-    throw UnsupportedError("flashkv: appending CUDA tensors to a cache with sinks, a residual window or KIVI keys (their "
-                           "bf16 tail) is not supported on the device yet (this cache: " +
+  if (m.regions.has_window() || m.rot_k || m.rot_v) {
+    throw UnsupportedError("flashkv: appending CUDA tensors to a cache with sinks, a residual window, KIVI keys (their "
+                           "bf16 tail) or rotation is not supported on the device yet (this cache: " +
                            c.k_format.name() + "/" + c.v_format.name() + ", sink_tokens " + str(c.sink_tokens) +
                            ", residual_tokens " + str(c.residual_tokens) + "); append host tensors (quantized on the "
                            "host, uploaded)");
@@ -137,10 +137,6 @@ void append_device_rows(PagedKVCache::Impl& m, std::span<const int64_t> seq_ids,
       if (p.kv.format[half].scaling == kv::KVScaling::head_static) p.kv.head_scales[half] = m.codec(half).head_scales().data();
       p.kv.device_head_scales[half] = m.device_head_scales(half);
     }
-    p.kv.rot_signs = m.rot_signs.empty() ? nullptr : m.rot_signs.data();  // rotated on the device before encoding
-    p.kv.device_rot_signs = m.device_rot_signs();
-    p.kv.rot_k = m.rot_k;
-    p.kv.rot_v = m.rot_v;
     const int32_t* dev = reinterpret_cast<const int32_t*>(tables.data());
     p.kv.seqlens = dev;
     p.kv.page_table = dev + batch;

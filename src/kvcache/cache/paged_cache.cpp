@@ -12,7 +12,6 @@
 #include "core/float16.hpp"
 #include "core/validate.hpp"
 #include "kvcache/cache/cache_impl.hpp"
-#include "kvcache/format/hadamard.hpp"
 
 namespace flashkv {
 
@@ -31,8 +30,23 @@ std::vector<float> hadamard_signs(int32_t n, uint64_t seed) {
 }
 
 void hadamard_rotate(float* x, int32_t n, const float* signs, bool inverse) {
-  // the one definition the CUDA decode / append share (kvcache/format/hadamard.hpp)
-  kv::hadamard_rotate_lanes(x, n, signs, kv::hadamard_norm(n), inverse, 0, 1, [] {});
+  if (!inverse) {
+    for (int32_t i = 0; i < n; ++i) x[i] *= signs[i];
+  }
+  for (int32_t h = 1; h < n; h *= 2) {
+    for (int32_t i = 0; i < n; i += 2 * h) {
+      for (int32_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int32_t i = 0; i < n; ++i) x[i] *= norm;
+  if (inverse) {
+    for (int32_t i = 0; i < n; ++i) x[i] *= signs[i];
+  }
 }
 
 // ---- construction ---------------------------------------------------------------------------------------------------
@@ -98,11 +112,6 @@ void PagedKVCache::Impl::upload_head_scales() {
     const int64_t bytes = static_cast<int64_t>(c.head_scales().size()) * 4;
     head_scales_dev[half] = kv::Storage(cfg.device, cfg.device_index, bytes, 0);
     head_scales_dev[half].write(0, c.head_scales().data(), bytes);
-  }
-  if (!on_host() && !rot_signs.empty()) {
-    const int64_t bytes = static_cast<int64_t>(rot_signs.size()) * 4;
-    rot_signs_dev = kv::Storage(cfg.device, cfg.device_index, bytes, 0);
-    rot_signs_dev.write(0, rot_signs.data(), bytes);
   }
 }
 
