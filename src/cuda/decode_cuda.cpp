@@ -184,19 +184,20 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                     dtype_name(p.dtype));
   }
   const bool raw16 = raw16_pages(p);
-  // What the halves' formats themselves rule out comes first: it names the half, its format and the expected vs the
-  // actual value, whatever the problem's source (a PagedKVCache, an engine step, or cache tensors).
-  if (!raw16) check_packed_formats(p);
-  if (!raw16 && !p.kv.paged_cache) {  // flash-attn style cache tensors are 16-bit by definition
-    throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
-                           " pages for " + dtype_name(p.dtype) + " queries");
-  }
+  // What the cache's layout and the halves' formats rule out comes first, whatever the problem's source (a PagedKVCache,
+  // an engine step, or cache tensors): layouts the device does not read yet (KIVI's per-channel keys come with a window,
+  // so this is before their metadata check), then the halves' formats (naming the half, its format, expected vs actual).
   if (p.kv.regions.has_window() || p.kv.rot_k || p.kv.rot_v) {
     throw UnsupportedError(std::string("flashkv: the CUDA decode does not read sink / residual windows (KIVI keys' "
                            "bf16 tail) or Hadamard-rotated pages yet (issue #12); this cache: k=") +
                            p.kv.format_name[0] + " v=" + p.kv.format_name[1] +
                            (p.kv.rot_k || p.kv.rot_v ? ", rotated" : "") +
                            "; PagedKVCache::to(Device::cpu) decodes it on the CPU");
+  }
+  if (!raw16) check_packed_formats(p);
+  if (!raw16 && !p.kv.paged_cache) {  // flash-attn style cache tensors are 16-bit by definition
+    throw UnsupportedError(std::string("flashkv: the CUDA decode over cache tensors reads ") + dtype_name(p.dtype) +
+                           " pages for " + dtype_name(p.dtype) + " queries");
   }
   if (p.head_dim > 256 || p.head_dim % 8 != 0) {
     throw Error("q", "head_dim in 8..256, a multiple of 8 (CUDA decode)", str(p.head_dim));
