@@ -550,10 +550,12 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
 }
 
 int32_t decode_l2_prefetch_blocks() {
-  // read once; FLASHKV_DECODE_L2_PREFETCH=N (0..16 blocks, 0 = off) is a tuning knob of the packed-page decode
+  // read once; FLASHKV_DECODE_L2_PREFETCH=N (0..16 blocks, 0 = off) is a tuning knob of the packed-page decode. Off by
+  // default: on the H200 every packed format decoded faster without it (run7 call 4, bench/results/h200-2026-12-01-run7:
+  // e.g. batch 64 / 32k fp8_e4m3 1649 vs 1939 us, int8 2367 vs 2473 us, int4 1887 vs 1990 us with 2 blocks).
   static const int32_t blocks = [] {
     const char* e = std::getenv("FLASHKV_DECODE_L2_PREFETCH");
-    if (e == nullptr) return int32_t{2};
+    if (e == nullptr) return int32_t{0};
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     if (end == e || *end != '\0' || v < 0 || v > 16) {
