@@ -22,7 +22,8 @@ namespace flashkv::cuda {
 int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slots);
 
 /// Key blocks the quantized decode prefetches into L2 ahead of its cp.async ring (DecodeParams::l2_prefetch_blocks):
-/// 2, or FLASHKV_DECODE_L2_PREFETCH=N (0..16; 0 = off), read once. Error naming the variable for any other value.
+/// 0 (off; it measured slower on the H200), or FLASHKV_DECODE_L2_PREFETCH=N (0..16), read once. Error naming the
+/// variable for any other value.
 int32_t decode_l2_prefetch_blocks();
 
 /// Forces the registration of the CUDA decode backend (a static initializer in decode_cuda.cpp); returns true.
