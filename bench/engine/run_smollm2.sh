@@ -54,7 +54,7 @@ for w in "${what[@]}"; do
       ;;
     report)
       pk=()
-      for x in passkey-8k passkey-2k passkey; do [[ -s $OUT/$x.json ]] && pk+=($OUT/$x.json); done
+      for x in passkey-8k passkey-2k passkey-1k passkey; do [[ -s $OUT/$x.json ]] && pk+=($OUT/$x.json); done
       sp=()
       for x in speed speed-2k speed-8k; do [[ -s $OUT/$x.json ]] && sp+=($OUT/$x.json); done
       lb=()
