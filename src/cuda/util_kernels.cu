@@ -107,23 +107,26 @@ bool capturing(cudaStream_t stream) {
 }  // namespace
 
 NonfiniteEpoch nonfinite_epoch(cudaStream_t stream) {
-  static std::mutex mutex;
-  static unsigned long long* slots[64] = {};
+  static std::mutex mutex;  // taken only to create a device's slot (once), never on the per-call path
+  static std::atomic<unsigned long long*> slots[64] = {};
   static std::atomic<unsigned long long> next{1};
   if (capturing(stream)) return {};
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (dev >= 64) return {};
-  {
+  unsigned long long* slot = slots[dev].load(std::memory_order_acquire);
+  if (slot == nullptr) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (slots[dev] == nullptr) {
+    slot = slots[dev].load(std::memory_order_relaxed);
+    if (slot == nullptr) {
       void* ptr = nullptr;
       check_cuda(cudaMalloc(&ptr, sizeof(unsigned long long)), "cudaMalloc(non-finite epoch)");
       check_cuda(cudaMemset(ptr, 0, sizeof(unsigned long long)), "cudaMemset(non-finite epoch)");
-      slots[dev] = static_cast<unsigned long long*>(ptr);
+      slot = static_cast<unsigned long long*>(ptr);
+      slots[dev].store(slot, std::memory_order_release);
     }
   }
-  return {slots[dev], next.fetch_add(1, std::memory_order_relaxed)};
+  return {slot, next.fetch_add(1, std::memory_order_relaxed)};
 }
 
 bool dependent_launch_ok(cudaStream_t stream) {
