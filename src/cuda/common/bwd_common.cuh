@@ -33,6 +33,19 @@ __device__ __forceinline__ void load_lse_dsum(float* sLse, float* sD, const floa
   }
 }
 
+/// One of the two: thread i < kBlockM loads row value m0 + i of `g` (lse*log2(e) or D) into s[i] (cp.async); rows
+/// past seqlen_q (i >= rows) get `fill` (lse: +inf, so P = 0; D: 0).
+template <int kBlockM>
+__device__ __forceinline__ void load_row_values(float* s, const float* g, int m0, int rows, float fill) {
+  if (const int i = static_cast<int>(threadIdx.x); i < kBlockM) {
+    if (i < rows) {
+      cp_async_4(smem_addr(s + i), g + m0 + i);
+    } else {
+      s[i] = fill;
+    }
+  }
+}
+
 /// Deterministic mode: waits (CTA-wide) until the K/V blocks before this one that see query block m have added their
 /// dQ, and returns the block's counter for bwd_dq_turn_done.
 template <int kBlockM, int kBlockN>
@@ -156,6 +169,24 @@ struct BwdLoads {
     zero(dk);
     zero(dv);
   }
+  /// Query block m's Q and lse*log2(e) into buffer `buf` (no commit).
+  __device__ __forceinline__ void load_q_part(const BwdParams& p, const BwdBlock& blk, int m, int buf, uint32_t sQ,
+                                              float* sLse) const {
+    const int m0 = m * kBlockM;
+    const int rows = blk.si.seqlen_q - m0;
+    q_copy.copy(sQ + buf * TileQ::kBytes, q + m0 * p.q_s.row, p.q_s.row, rows);
+    static_assert(kThreads >= kBlockM, "one thread per query row loads lse and D");
+    load_row_values<kBlockM>(sLse + buf * kBlockM, lse2, m0, rows, INFINITY);
+  }
+  /// Query block m's dO and D into buffer `buf` (no commit).
+  __device__ __forceinline__ void load_do_part(const BwdParams& p, const BwdBlock& blk, int m, int buf, uint32_t sdO,
+                                               float* sD) const {
+    const int m0 = m * kBlockM;
+    const int rows = blk.si.seqlen_q - m0;
+    q_copy.copy(sdO + buf * TileQ::kBytes, dout + m0 * p.dout_s.row, p.dout_s.row, rows);
+    load_row_values<kBlockM>(sD + buf * kBlockM, dsum, m0, rows, 0.f);
+  }
+  /// Query block m's Q, dO, lse and D into buffer `buf` (no commit).
   __device__ __forceinline__ void load_q_block(const BwdParams& p, const BwdBlock& blk, int m, int buf, uint32_t sQ,
                                                uint32_t sdO, float* sLse, float* sD) const {
     const int m0 = m * kBlockM;

@@ -67,7 +67,24 @@ struct BwdMainloop {
   /// kernels, chosen per head dim from the SASS of the hot loop (nvcc 13.0, sm_90a; bench/gpu/tune/sass_compare.py,
   /// bench/results/sm80-speed-2026-12-01.md): hd256 loses every spill with it (its loop bodies 5 instructions and 3
   /// LDL shorter than the previous release's), the other head dims keep an equal or tighter loop without it.
+#ifndef FLASHKV_TUNE_BWD_EPI
   static constexpr bool kEpilogueRebuildsBlock = kHeadDim == 256;
+#else  // the tuning harness's override (bench/gpu/tune): a bit mask over head dims 64 / 128 / 256 (1 / 2 / 4)
+  static constexpr bool kEpilogueRebuildsBlock =
+      (FLASHKV_TUNE_BWD_EPI >> (kHeadDim == 64 ? 0 : kHeadDim == 128 ? 1 : 2)) & 1;
+#endif
+  /// Where in a query block's step the next block's Q + lse and dO + D are issued (cp.async, into the other buffer):
+  /// 0 right after the step's opening barrier, 1 after phase 1's MMAs, 2 after the P/dS barrier, 3 before phase 3;
+  /// as kQLoadAt * 10 + kDoLoadAt. A register-allocation and LSU-contention outcome of these 255-register kernels,
+  /// measured per head dim on the H200 in the tuning harness against the previous release's kernel (16k tokens,
+  /// seqlen 4096 / 16384, causal and not; bench/results/h200-2026-12-02-run8, calls 3-6): hd64 "23" 0.99-1.01x the
+  /// previous release (both at 0: 0.94-0.98x), hd128 "01" 0.97-0.99x (0.93-0.95x); other head dims unchanged (0).
+#ifndef FLASHKV_TUNE_BWD_LOAD_AT  // the harness's override: two decimal digits per head dim 64 / 128 / 256
+  static constexpr int kLoadAt = kHeadDim == 64 ? 23 : kHeadDim == 128 ? 1 : 0;
+#else
+  static constexpr int kLoadAt = FLASHKV_TUNE_BWD_LOAD_AT / (kHeadDim == 64 ? 10000 : kHeadDim == 128 ? 100 : 1) % 100;
+#endif
+  static constexpr int kQLoadAt = kLoadAt / 10, kDoLoadAt = kLoadAt % 10;
   using TileQ = typename Cfg::TileQ;
   using TileK = typename Cfg::TileK;
   using TileP = typename Cfg::TileP;
@@ -132,8 +149,18 @@ struct BwdMainloop {
       qTi.base += buf * TileQ::kBytes;
       cp_async_wait<0>();
       __syncthreads();
-      if (m + 1 < m_max) io.load_q_block(p, blk, m + 1, buf ^ 1, sm.q, sm.dO, sm.lse, sm.d);
-      cp_async_commit();
+      // The next query block's loads issued at point kAt (see kQLoadAt), one cp.async group per point.
+      auto issue_next = [&](auto at) {
+        constexpr int kAt = decltype(at)::value;
+        if constexpr (kQLoadAt == kAt || kDoLoadAt == kAt) {
+          if (m + 1 < m_max) {
+            if constexpr (kQLoadAt == kAt) io.load_q_part(p, blk, m + 1, buf ^ 1, sm.q, sm.lse);
+            if constexpr (kDoLoadAt == kAt) io.load_do_part(p, blk, m + 1, buf ^ 1, sm.dO, sm.d);
+          }
+          cp_async_commit();
+        }
+      };
+      issue_next(std::integral_constant<int, 0>{});
       const int m0 = m * kBlockM;
 
       // ---- phase 1: S^T and dP^T --------------------------------------------------------------------------------
@@ -162,6 +189,7 @@ struct BwdMainloop {
           }
         }
       }
+      issue_next(std::integral_constant<int, 1>{});
       bwd_p_ds<T, kSoftcap, kMask>(frag(s), frag(dp), sm.lse + buf * kBlockM, sm.d + buf * kBlockM, nw1 * kNT1 * 16,
                                    mg * kMC, m0, blk, p.score_scale, scale_log2, g, t,
                                    [&](int a, int nt, int hh, int, int, uint32_t pk, uint32_t dk) {
@@ -171,6 +199,7 @@ struct BwdMainloop {
                                      *reinterpret_cast<uint32_t*>(smem + (sm.ds - sm.q) + off) = dk;
                                    });
       __syncthreads();
+      issue_next(std::integral_constant<int, 2>{});
 
       // ---- phase 2: dV += P^T dO, dK += dS^T Q ------------------------------------------------------------------
 #pragma unroll
@@ -196,6 +225,7 @@ struct BwdMainloop {
         }
       }
 
+      issue_next(std::integral_constant<int, 3>{});
       // ---- phase 3: dQ += dS K, in kDQChunks column chunks, each added to the float32 dq_accum ----------------
       float* dqa = p.dq_accum + ((io.row_base + m0) * p.num_heads + blk.h) * static_cast<int64_t>(p.head_dim_rounded);
       const int64_t dq_row_stride = static_cast<int64_t>(p.num_heads) * p.head_dim_rounded;
