@@ -37,17 +37,18 @@ kv::KVFormatId format_of(kv::KVCode c) {
 }
 
 /// (code_value − kOff) · kMul: the image the decode's MMAs must see.
-template <kv::KVCode C, bool kBf16>
+template <kv::KVCode C, bool kBf16, bool kCentered = true>
 double image(uint32_t raw) {
-  using Code = frag::FragCode<C, kBf16>;
+  using Code = frag::FragCode<C, kBf16, kCentered>;
   const kv::KVHalfFormat f = kv::describe(format_of(C), false, 0, true, 128);
   return (static_cast<double>(f.code_value(raw)) - Code::kOff) * Code::kMul;
 }
 
-template <kv::KVCode C, bool kBf16>
+template <kv::KVCode C, bool kBf16, bool kCentered = true>
 void check_codes() {
-  SCOPED_TRACE(std::string("code ") + std::to_string(static_cast<int>(C)) + (kBf16 ? " bf16" : " fp16"));
-  using Code = frag::FragCode<C, kBf16>;
+  SCOPED_TRACE(std::string("code ") + std::to_string(static_cast<int>(C)) + (kBf16 ? " bf16" : " fp16") +
+               (kCentered ? "" : " uncentred"));
+  using Code = frag::FragCode<C, kBf16, kCentered>;
   const kv::KVHalfFormat f = kv::describe(format_of(C), false, 0, true, 128);
   int bad = 0;
   for (uint32_t b = 0; b < 256; ++b) {
@@ -55,7 +56,7 @@ void check_codes() {
     const uint32_t w = bytes[0] | bytes[1] << 8 | bytes[2] << 16 | bytes[3] << 24;
     auto expect = [&](uint32_t reg, int hi, uint32_t raw) {
       if (!std::isfinite(f.code_value(raw))) return;  // fp8 NaN / inf codes never occur in appended pages
-      const double want = image<C, kBf16>(raw), got = half_value(reg, hi, kBf16);
+      const double want = image<C, kBf16, kCentered>(raw), got = half_value(reg, hi, kBf16);
       if (got != want && bad++ < 5) ADD_FAILURE() << "raw " << raw << ": " << got << " vs " << want;
     };
     if constexpr (kv::code_bits(C) == 8) {
@@ -86,6 +87,7 @@ TEST(DecodeFrag, ConversionsGiveTheExactCodeImages) {
   check_codes<kv::KVCode::u8, false>();
   check_codes<kv::KVCode::u4, true>();
   check_codes<kv::KVCode::u4, false>();
+  check_codes<kv::KVCode::u4, true, false>();  // K images of int4 under bf16 queries (KvQuantSource::kCenteredK)
 }
 
 TEST(DecodeFrag, SwizzleIsABijectionAndLdmatrixIsConflictFree) {
@@ -159,12 +161,12 @@ uint32_t pack(double lo, double hi, bool bf16) {
 
 /// One block of 64 keys of random codes (head_dim d), staged as KvQuantSource::load stages it, and each warp's
 /// scores / P·V through the fragments against the direct products of the images.
-template <kv::KVCode C, bool kBf16, int kHeadDim>
+template <kv::KVCode C, bool kBf16, int kHeadDim, bool kCenteredK = true>
 void check_block(uint64_t salt) {
   constexpr int kBits = kv::code_bits(C), kRow = kHeadDim * kBits / 8, kChunks = kRow / 16;
   static_assert(frag::shape_ok(kChunks), "a register-direct shape");
   SCOPED_TRACE("code " + std::to_string(static_cast<int>(C)) + (kBf16 ? " bf16" : " fp16") + " head_dim " +
-               std::to_string(kHeadDim));
+               std::to_string(kHeadDim) + (kCenteredK ? "" : " uncentred K"));
   auto g = kvtest::rng(salt);
   std::uniform_int_distribution<int> byte(0, 255), small(-4, 4), prob(0, 3);
   std::vector<uint8_t> codes(64 * kRow), staged(64 * kRow);
@@ -177,10 +179,10 @@ void check_block(uint64_t salt) {
     for (int c = 0; c < kChunks; ++c)
       for (int b = 0; b < 16; ++b)
         staged[r * kRow + frag::swizzled_chunk(r, c, kChunks) * 16 + b] = codes[r * kRow + c * 16 + b];
-  auto img = [&](int key, int ch) {  // the image of channel ch of block row key
+  auto img = [&](int key, int ch, bool k_half) {  // the image of channel ch of block row key
     uint32_t raw = codes[key * kRow + ch];
     if (kBits == 4) raw = (codes[key * kRow + ch % (kHeadDim / 2)] >> (4 * (ch / (kHeadDim / 2)))) & 15u;
-    return image<C, kBf16>(raw);
+    return k_half ? image<C, kBf16, kCenteredK>(raw) : image<C, kBf16>(raw);
   };
   std::vector<double> q(16 * kHeadDim), p(16 * 64);
   for (auto& x : q) x = small(g);
@@ -211,7 +213,7 @@ void check_block(uint64_t salt) {
         uint32_t lane_w[kChunks / 2][4], bk[4];
         for (int i = 0; i < kChunks / 2; ++i)
           for (int m = 0; m < 4; ++m) lane_w[i][m] = kw[i][l][m];
-        frag::k_fragment<C, kBf16, kChunks>(lane_w, kk, bk);
+        frag::k_fragment<C, kBf16, kChunks, kCenteredK>(lane_w, kk, bk);
         b[0][l][0] = bk[0], b[0][l][1] = bk[1], b[1][l][0] = bk[2], b[1][l][1] = bk[3];
       }
       for (int nt = 0; nt < 2; ++nt)
@@ -223,7 +225,7 @@ void check_block(uint64_t salt) {
     for (int row = 0; row < 16; ++row)
       for (int key = 0; key < 16; ++key) {
         double want = 0;
-        for (int c = 0; c < kHeadDim; ++c) want += q[row * kHeadDim + c] * img(warp * 16 + key, c);
+        for (int c = 0; c < kHeadDim; ++c) want += q[row * kHeadDim + c] * img(warp * 16 + key, c, true);
         if (s[row * 16 + key] != want && bad++ < 5)
           ADD_FAILURE() << "warp " << warp << " score (" << row << ", " << key << "): " << s[row * 16 + key] << " vs " << want;
       }
@@ -253,7 +255,7 @@ void check_block(uint64_t salt) {
             for (int k = 0; k < 16; ++k) o += a_elem(a, row, k, kBf16) * b_elem(b[par], k, n, kBf16);
             const int ch = frag::v_channel(dt, e, l % 4);
             double want = 0;
-            for (int key = 0; key < 16; ++key) want += p[row * 64 + warp * 16 + key] * img(warp * 16 + key, ch);
+            for (int key = 0; key < 16; ++key) want += p[row * 64 + warp * 16 + key] * img(warp * 16 + key, ch, false);
             if (o != want && bad++ < 5)
               ADD_FAILURE() << "warp " << warp << " o[" << dt << "][" << e << "] lane " << l << " (channel " << ch
                             << "): " << o << " vs " << want;
@@ -266,8 +268,9 @@ void check_block(uint64_t salt) {
 }  // namespace
 
 TEST(DecodeFrag, OneWarpsFragmentsGiveTheExactProducts) {
-  check_block<kv::KVCode::u4, true, 64>(1);
+  check_block<kv::KVCode::u4, true, 64, false>(1);
   check_block<kv::KVCode::u4, true, 128>(2);
+  check_block<kv::KVCode::u4, true, 128, false>(13);
   check_block<kv::KVCode::u4, false, 128>(3);
   check_block<kv::KVCode::u4, true, 256>(4);
   check_block<kv::KVCode::u8, true, 64>(5);

@@ -122,13 +122,17 @@ FLASHKV_HD uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
 #endif
 }
 
-/// Exact 16-bit images of code bytes in fragment order (the values of Code16<C, bf16 ? bfloat16 : float16>).
-template <kv::KVCode C, bool kBf16>
+/// Exact 16-bit images of code bytes in fragment order: v16 = (code_value − kOff) · kMul, the values of
+/// Code16<C, bf16 ? bfloat16 : float16>; with kCentered = false (4-bit codes, bf16) the uncentred 128 + u (kOff −128:
+/// one LOP3 per two codes, no paired fma) for K halves whose zero point absorbs the offset.
+template <kv::KVCode C, bool kBf16, bool kCentered = true>
 struct FragCode {
   static_assert(C == kv::KVCode::e4m3 || C == kv::KVCode::e5m2 || C == kv::KVCode::u8 || C == kv::KVCode::u4,
                 "fp8 and 8 / 4-bit integer codes");
+  static_assert(kCentered || (C == kv::KVCode::u4 && kBf16), "uncentred images: 4-bit codes under bf16");
   static constexpr float kMul = (C == kv::KVCode::e4m3 && !kBf16) ? 1.0f / 256.0f : 1.0f;
-  static constexpr float kOff = C == kv::KVCode::u8 ? 128.0f : (C == kv::KVCode::u4 ? 8.0f : 0.0f);
+  static constexpr float kOff =
+      C == kv::KVCode::u8 ? 128.0f : (C == kv::KVCode::u4 ? (kCentered ? 8.0f : -128.0f) : 0.0f);
   static constexpr int kBits = kv::code_bits(C);
 
   /// 8-bit codes: bytes 0, 2 of w -> x02 (byte 0 in the low half), bytes 1, 3 -> x13.
@@ -161,7 +165,10 @@ struct FragCode {
   /// nibbles of the same bytes (u − 8 each: (magic | u) then one paired fma).
   FLASHKV_HD static void pairs4(uint32_t w, uint32_t (&x)[4]) {
     static_assert(C == kv::KVCode::u4, "pairs4 is for 4-bit codes");
-    if constexpr (kBf16) {  // 0x4300 | u = 128 + u; · 1 − 136
+    if constexpr (!kCentered) {  // 0x4300 | u = 128 + u
+      x[0] = and_or<0x000f000fu, 0x43004300u>(w), x[1] = and_or<0x000f000fu, 0x43004300u>(w >> 8);
+      x[2] = and_or<0x000f000fu, 0x43004300u>(w >> 4), x[3] = and_or<0x000f000fu, 0x43004300u>(w >> 12);
+    } else if constexpr (kBf16) {  // 0x4300 | u = 128 + u; · 1 − 136
       x[0] = hfma2<true>(and_or<0x000f000fu, 0x43004300u>(w), 0x3f803f80u, 0xc308c308u);
       x[1] = hfma2<true>(and_or<0x000f000fu, 0x43004300u>(w >> 8), 0x3f803f80u, 0xc308c308u);
       x[2] = hfma2<true>(and_or<0x000f000fu, 0x43004300u>(w >> 4), 0x3f803f80u, 0xc308c308u);
@@ -178,10 +185,9 @@ struct FragCode {
 
 /// K fragments of 16-channel slice kk (bk[0], bk[1]: keys 0..7 of the warp, b0 / b1; bk[2], bk[3]: keys 8..15) from
 /// the warp's ldmatrix.x4 words w (rows of kChunks code chunks).
-template <kv::KVCode C, bool kBf16, int kChunks>
+template <kv::KVCode C, bool kBf16, int kChunks, bool kCentered = true>
 FLASHKV_HD void k_fragment(const uint32_t (&w)[kChunks / 2][4], int kk, uint32_t (&bk)[4]) {
-  using Code = FragCode<C, kBf16>;
-#pragma unroll
+  using Code = FragCode<C, kBf16, kCentered>;
   for (int nt = 0; nt < 2; ++nt) {
     if constexpr (Code::kBits == 8) {
       Code::pairs8(w[kk / 2][2 * (kk & 1) + nt], bk[2 * nt], bk[2 * nt + 1]);
@@ -213,7 +219,6 @@ FLASHKV_HD void v_fragment(const uint32_t (&w)[kChunks / 2][4], int s, uint32_t 
 /// One row's 16-channel Q slice, natural order (w[i]: channels 2i, 2i + 1) -> the permuted order the K fragments
 /// expect (n[i]: mma k indices 2i, 2i + 1, i.e. channels k_channel(2i), k_channel(2i + 1)).
 FLASHKV_HD void permute_q_words(const uint32_t (&w)[8], uint32_t (&n)[8]) {
-#pragma unroll
   for (int t = 0; t < 4; ++t) {
     n[t] = prmt(w[2 * t], w[2 * t + 1], 0x5410u);      // channels 4t, 4t + 2
     n[4 + t] = prmt(w[2 * t], w[2 * t + 1], 0x7632u);  // channels 4t + 1, 4t + 3

@@ -190,8 +190,6 @@ struct KvQuantSource {
   /// mainloop's per-block power of two) adds less than rounding x̂ to bf16 does, where rounding it to bf16 doubled
   /// the naive computation's error on peaked rows (H200, CudaQuantKVCache.*); exact either way for the codes.
   using TV = std::conditional_t<VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine, __half, T>;
-  using CodeK = Code16<KC, T>;
-  using CodeV = Code16<VC, TV>;
   static constexpr int kCodeBytesK = kHeadDim * kv::code_bits(KC) / 8, kCodeBytesV = kHeadDim * kv::code_bits(VC) / 8;
   static constexpr int kCodeBlockK = round16(kDecodeBlockN * kCodeBytesK), kCodeBlockV = round16(kDecodeBlockN * kCodeBytesV);
   static constexpr int kHalfBytesK = kCodeBlockK + round16(kDecodeBlockN * quant_meta_max(KS, kHeadDim));
@@ -214,12 +212,29 @@ struct KvQuantSource {
       std::is_same_v<T, __half> && (VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine);
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
   /// Register-direct fragments (sm80/decode_frag.hpp): the staged code rows swizzled, K / V fragments by ldmatrix of
-  /// the raw codes and a conversion in registers, no image tile — for rows of 2..16 chunks (head dims 64 / 128 / 256)
-  /// and V images that are the codes' (not kVPreScaled: fp16 queries with per-token-scaled V keep the image tile,
-  /// where x̂ is formed per element).
-  static constexpr bool kRegDirect = !kVPreScaled && frag::shape_ok(kChunksK) && frag::shape_ok(kChunksV);
+  /// the raw codes and a conversion in registers, no image tile — at head dims 64 / 128 (rows of 2..8 chunks) where the
+  /// V images are the codes' (not kVPreScaled: fp16 queries with per-token-scaled V keep the image tile, where x̂ is
+  /// formed per element). Head dim 256 keeps the image tile too: at 255 registers the raw words raised its spills
+  /// (int4 498 -> 778 B, int8 658 -> 902 B; bench/results/sass-decode-regs-2026-12-02.md).
+  static constexpr bool kRegDirect =
+      !kVPreScaled && kHeadDim <= 128 && frag::shape_ok(kChunksK) && frag::shape_ok(kChunksV);
   static constexpr int kLdsmK = kChunksK / 2, kLdsmV = kChunksV / 2;  ///< ldmatrix.x4 per warp and block
   static constexpr int kConvBytes = kRegDirect ? 0 : TileKV::kBytes;  ///< else one 16-bit tile: K images, then V
+  /// 4-bit K codes under bf16 queries, register-direct: uncentred images 128 + u (frag::FragCode, kOff −128), the
+  /// offset absorbed by the zero point (min' = min − 128 · scale'). The scores' products are exact in float32 either
+  /// way; the partial sums are ~136 / 8 times larger, so float32 rounds them at ~2^-16 of the score scale — far below
+  /// bf16's 2^-9 per key element in the naive computation. (V stays centred: P · scale' is rounded to 16 bits before it
+  /// multiplies the image.)
+  static constexpr bool kCenteredK =
+      !(kRegDirect && KC == kv::KVCode::u4 && kBf16K && KS == kv::KVScaling::token_affine);
+  /// The K / V images' kMul / kOff (the fold's factors use them).
+  using CodeK = std::conditional_t<kRegDirect, frag::FragCode<KC, kBf16K, kCenteredK>, Code16<KC, T>>;
+  using CodeV = std::conditional_t<kRegDirect, frag::FragCode<VC, kBf16V>, Code16<VC, TV>>;
+  static_assert(frag::FragCode<KC, kBf16K>::kMul == Code16<KC, T>::kMul &&
+                    frag::FragCode<KC, kBf16K>::kOff == Code16<KC, T>::kOff &&
+                    frag::FragCode<VC, kBf16V>::kMul == Code16<VC, TV>::kMul &&
+                    frag::FragCode<VC, kBf16V>::kOff == Code16<VC, TV>::kOff,
+                "the register-direct images are Code16's");
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
   /// The CTA's shared memory (sm80::DecodeConfig; checked there): 3 CTAs per SM where 3 of them fit the H100 / H200's
   /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its
@@ -435,7 +450,7 @@ struct KvQuantSource {
     for (int i = 0; i < kLdsmV; ++i) ldmatrix_x4_trans(w[i], stage + kHalfBytesK + (lane_off[1] ^ (32u * i)));
   }
   __device__ __forceinline__ static void k_frag(const uint32_t (&w)[kLdsmK][4], int kk, uint32_t (&bk)[4]) {
-    frag::k_fragment<KC, kBf16K, kChunksK>(w, kk, bk);
+    frag::k_fragment<KC, kBf16K, kChunksK, kCenteredK>(w, kk, bk);
   }
   __device__ __forceinline__ static void v_frag(const uint32_t (&w)[kLdsmV][4], int s, uint32_t (&bv)[4]) {
     frag::v_fragment<VC, kBf16V, kChunksV>(w, s, bv);
