@@ -14,8 +14,11 @@
 //                  and the mainloop applies the per-key factors in float32: K's scale on the score after the QK MMA
 //                  (affine K: one accumulator per channel group plus min' · Σ q over the group), V's scale folded
 //                  into P before the P·V MMA (affine V: + Σ_j P_ij · min'_jg in float32; static V scale on the final
-//                  output). KIVI keys (channel_affine, G tokens per unit) are not token-granular and are not
-//                  instantiated (the host names them in an UnsupportedError). dequant8 below is the element-wise x̂
+//                  output). Where kRegDirect (head dims 64 / 128, V images that are the codes'), the codes are
+//                  not imaged at all: the staged rows are swizzled and each warp's ldmatrix of the raw codes feeds
+//                  the MMA fragments through a conversion in registers (sm80/decode_frag.hpp). KIVI keys
+//                  (channel_affine, G tokens per unit) are not token-granular and are not instantiated (the host
+//                  names them in an UnsupportedError). dequant8 below is the element-wise x̂
 //                  of the same formats (KVHalfFormat::dequant bit for bit; tested), kept as the conversion reference.
 // Both: key slots past the sequence's length are never read (zero-filled by cp.async, whatever the page holds there;
 // quant: their images are finite and their weight exactly 0 — masked scores, V factors 0 past the end).
