@@ -240,11 +240,12 @@ struct KvQuantSource {
                 "the register-direct images are Code16's");
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
   /// The CTA's shared memory (sm80::DecodeConfig; checked there): 3 CTAs per SM where 3 of them fit the H100 / H200's
-  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its
-  /// staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped
-  /// registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is 2–4x smaller
-  /// than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4 60 KB, fp8 96 KB)
-  /// fall short of the 16-bit decode's (2 x 2 x 32 KB) — int4 at head_dim 128 gets 5 stages (120 KB in flight).
+  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8 with the image
+  /// tile: 75776 B, its staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs,
+  /// 231 uncapped registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is
+  /// 2–4x smaller than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4
+  /// 60 KB, fp8 96 KB) fall short of the 16-bit decode's (2 x 2 x 32 KB). At head_dim 128, register-direct (no
+  /// image tile): fp8 4 stages (144 KB in flight), int4 6 (150 KB), int8 3 (its 4th misses 3 CTAs by 3 KB).
   static constexpr int kMinCtasPerSm = kHeadDim <= 128 && quant_fits3(kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1;
   static constexpr int kStages = kMinCtasPerSm != 3 ? 3 : quant_deepest3(kHeadDim, kStageBytes, kConvBytes, 6);
   static constexpr int kSmemBytes = quant_smem_bytes(kHeadDim, kStageBytes, kConvBytes, kStages);
