@@ -70,7 +70,39 @@ bool code16_launch(float* out, float* mul, float* off) {
   return cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
 }
 
+/// The register-direct fragments' conversions (sm80/decode_frag.hpp, FragCode) on the device: word b = bytes b, b + 37,
+/// b + 101, b + 203 (mod 256); out[4b + k] = the k-th result register (8-bit: x02, x13; 4-bit: x[0..3]).
+template <KVCode C, bool kBf16, bool kCentered>
+__global__ void frag_code_all(uint32_t* out) {
+  const uint32_t b = threadIdx.x;  // 256 threads
+  const uint32_t w = b | ((b + 37) & 255u) << 8 | ((b + 101) & 255u) << 16 | ((b + 203) & 255u) << 24;
+  uint32_t r[4] = {0, 0, 0, 0};
+  if constexpr (C == KVCode::u4) {
+    cuda::sm80::frag::FragCode<C, kBf16, kCentered>::pairs4(w, r);
+  } else {
+    cuda::sm80::frag::FragCode<C, kBf16, kCentered>::pairs8(w, r[0], r[1]);
+  }
+  for (int k = 0; k < 4; ++k) out[4 * b + k] = r[k];
+}
+
+template <KVCode C, bool kBf16, bool kCentered>
+bool frag_launch(uint32_t* out) {
+  frag_code_all<C, kBf16, kCentered><<<1, 256>>>(out);
+  return cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+}
+
 }  // namespace
+
+bool frag_code_on_device(kv::KVCode code, bool bf16, bool centered, uint32_t* out) {
+  if (!centered) return code == KVCode::u4 && bf16 && frag_launch<KVCode::u4, true, false>(out);
+  switch (code) {
+    case KVCode::e4m3: return bf16 ? frag_launch<KVCode::e4m3, true, true>(out) : frag_launch<KVCode::e4m3, false, true>(out);
+    case KVCode::e5m2: return bf16 ? frag_launch<KVCode::e5m2, true, true>(out) : frag_launch<KVCode::e5m2, false, true>(out);
+    case KVCode::u8: return bf16 ? frag_launch<KVCode::u8, true, true>(out) : frag_launch<KVCode::u8, false, true>(out);
+    case KVCode::u4: return bf16 ? frag_launch<KVCode::u4, true, true>(out) : frag_launch<KVCode::u4, false, true>(out);
+    default: return false;
+  }
+}
 
 bool code16_on_device(kv::KVCode code, bool bf16, float* out, float* mul, float* off) {
   switch (code) {

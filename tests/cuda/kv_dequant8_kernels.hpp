@@ -21,4 +21,9 @@ bool dequant8_on_device(const kv::KVHalfFormat& f, const uint8_t* codes, const u
 /// high nibble); *mul / *off (host) = Code16's kMul / kOff (image = (code_value − off) · mul). False for other codes.
 bool code16_on_device(kv::KVCode code, bool bf16, float* out, float* mul, float* off);
 
+/// The register-direct decode's conversions (sm80/decode_frag.hpp, FragCode<code, bf16, centered>) on the device:
+/// out (device, 1024 words) [4b + k] = result register k of word b = bytes b, b + 37, b + 101, b + 203 (mod 256)
+/// (8-bit: pairs8's x02, x13, then 0, 0; 4-bit: pairs4's x[0..3]). False for a combination it does not instantiate.
+bool frag_code_on_device(kv::KVCode code, bool bf16, bool centered, uint32_t* out);
+
 }  // namespace flashkv::cudatest

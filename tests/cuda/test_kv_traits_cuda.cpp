@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "common/reference.hpp"
+#include "cuda/sm80/decode_frag.hpp"
+#include "cuda_test_util.hpp"
 #include "flashkv/kvcache.hpp"
 #include "kvcache/format/codec.hpp"
 #include "kvcache/format/traits.hpp"
+#include "kv_dequant8_kernels.hpp"
 #include "kv_traits_kernels.hpp"
 
 namespace {
@@ -88,3 +91,39 @@ TEST(CudaKVTraits, DeviceEncodeAndDequantMatchTheHostBitForBit) {
 }
 
 }  // namespace
+
+namespace flashkv {
+
+TEST(CudaQuantKVCache, FragCodeOnTheDeviceEqualsItsHostEmulation) {
+  // the register-direct fragments' PRMT / LOP3 / paired-fma conversions: device bits == the host emulation's, which
+  // tests/kvcache/test_kv_decode_frag.cpp checks against the code values (so: the exact images on the GPU)
+  namespace frag = cuda::sm80::frag;
+  auto host = [](kv::KVCode c, bool bf16, bool centered, uint32_t w, uint32_t (&r)[4]) {
+    r[0] = r[1] = r[2] = r[3] = 0;
+    if (!centered) return frag::FragCode<kv::KVCode::u4, true, false>::pairs4(w, r);
+    if (c == kv::KVCode::u4) return bf16 ? frag::FragCode<kv::KVCode::u4, true>::pairs4(w, r) : frag::FragCode<kv::KVCode::u4, false>::pairs4(w, r);
+    if (c == kv::KVCode::u8) return bf16 ? frag::FragCode<kv::KVCode::u8, true>::pairs8(w, r[0], r[1]) : frag::FragCode<kv::KVCode::u8, false>::pairs8(w, r[0], r[1]);
+    if (c == kv::KVCode::e4m3) return bf16 ? frag::FragCode<kv::KVCode::e4m3, true>::pairs8(w, r[0], r[1]) : frag::FragCode<kv::KVCode::e4m3, false>::pairs8(w, r[0], r[1]);
+    return bf16 ? frag::FragCode<kv::KVCode::e5m2, true>::pairs8(w, r[0], r[1]) : frag::FragCode<kv::KVCode::e5m2, false>::pairs8(w, r[0], r[1]);
+  };
+  for (kv::KVCode c : {kv::KVCode::e4m3, kv::KVCode::e5m2, kv::KVCode::u8, kv::KVCode::u4})
+    for (bool bf16 : {true, false})
+      for (bool centered : {true, false}) {
+        if (!centered && !(c == kv::KVCode::u4 && bf16)) continue;
+        SCOPED_TRACE(std::to_string(static_cast<int>(c)) + (bf16 ? " bf16" : " fp16") + (centered ? "" : " uncentred"));
+        cudatest::DevBuf dout(1024 * 4);
+        ASSERT_TRUE(cudatest::frag_code_on_device(c, bf16, centered, static_cast<uint32_t*>(dout.p)));
+        const std::vector<uint32_t> got = dout.download<uint32_t>(1024);
+        int bad = 0;
+        for (uint32_t b = 0; b < 256; ++b) {
+          const uint32_t w = b | ((b + 37) & 255u) << 8 | ((b + 101) & 255u) << 16 | ((b + 203) & 255u) << 24;
+          uint32_t r[4];
+          host(c, bf16, centered, w, r);
+          for (int k = 0; k < 4; ++k)
+            if (got[4 * b + k] != r[k] && bad++ < 5) ADD_FAILURE() << "word " << b << " reg " << k << ": " << got[4 * b + k] << " vs " << r[k];
+        }
+        EXPECT_EQ(bad, 0);
+      }
+}
+
+}  // namespace flashkv

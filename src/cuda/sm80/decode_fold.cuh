@@ -98,11 +98,16 @@ struct DecodeFold {
 
   /// Affine keys, after the QK MMA of 16-column slice kk into `acc`: where a channel group of `kgroup` channels ends,
   /// its partial scores join `s` with the group's factors (stage: the block's staged metadata; rk: this thread's keys).
+  /// (halves: std::integral_constant<int, 1 or 2>, the row halves g / g + 8 with query rows; 1: scores of row g + 8
+  /// are left as they are, the mainloop ignores them.)
+  template <class Halves>
   __device__ __forceinline__ static void k_slice(const Src& src, int kk, int kgroup, uint32_t stage, int rk,
                                                  const QSum& qsum, float (&acc)[2][4], float (&qacc)[2],
-                                                 float (&s)[2][4]) {
+                                                 float (&s)[2][4], Halves) {
+    constexpr int kHalves = Halves::value;
     if constexpr (kKAffine) {
-      qacc[0] += qsum[kk][0], qacc[1] += qsum[kk][1];
+      qacc[0] += qsum[kk][0];
+      if constexpr (kHalves == 2) qacc[1] += qsum[kk][1];
       if (((kk + 1) * 16) % kgroup == 0) {  // the group ends here (uniform branch)
         const int gi = kk * 16 / kgroup;
 #pragma unroll
@@ -111,7 +116,7 @@ struct DecodeFold {
           for (int e2 = 0; e2 < 2; ++e2) {
             const float2 f = src.template affine_factors<0>(stage, rk + nt * 8 + e2, gi);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
+            for (int hh = 0; hh < kHalves; ++hh) {
               s[nt][2 * hh + e2] = fmaf(f.x, acc[nt][2 * hh + e2], fmaf(f.y, qacc[hh], s[nt][2 * hh + e2]));
               acc[nt][2 * hh + e2] = 0.f;
             }
@@ -121,19 +126,22 @@ struct DecodeFold {
     }
   }
   /// Per-token / static K scales on the block's scores (keys past the end are masked afterwards).
-  __device__ __forceinline__ static void k_factors(const Src& src, uint32_t stage, int rk, float (&s)[2][4]) {
+  template <class Halves>
+  __device__ __forceinline__ static void k_factors(const Src& src, uint32_t stage, int rk, float (&s)[2][4], Halves) {
+    constexpr int kHalves = Halves::value;
     if constexpr (kKToken) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const float2 f = src.template token_factors<0>(stage, rk + nt * 8);
-        s[nt][0] *= f.x, s[nt][1] *= f.y, s[nt][2] *= f.x, s[nt][3] *= f.y;
+        s[nt][0] *= f.x, s[nt][1] *= f.y;
+        if constexpr (kHalves == 2) s[nt][2] *= f.x, s[nt][3] *= f.y;
       }
     } else if constexpr (kKHead) {
       const float f = src.k_head_factor();
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= f;
+        for (int e = 0; e < 2 * kHalves; ++e) s[nt][e] *= f;
     }
   }
 
@@ -191,8 +199,20 @@ struct DecodeFold {
 
   /// The P·V MMA's A operand of the block's probabilities s (e = 0, 1: keys rk, rk + 1 of rows g, g + 8), with the
   /// per-token V scale folded in (not for affine V: v_slice sets it per channel group).
-  __device__ __forceinline__ static void p_operand(const float (&s)[2][4], const float (&vf)[2][2], uint32_t (&a)[4]) {
-    if constexpr (kVToken) {
+  /// (halves 1: the A rows g + 8, a[1] and a[3], are 0.)
+  template <class Halves>
+  __device__ __forceinline__ static void p_operand(const float (&s)[2][4], const float (&vf)[2][2], uint32_t (&a)[4],
+                                                   Halves) {
+    if constexpr (Halves::value == 1) {
+      if constexpr (kVToken) {
+        a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
+        a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
+      } else if constexpr (!kVAffine) {
+        a[0] = pack2<TV>(s[0][0], s[0][1]);
+        a[2] = pack2<TV>(s[1][0], s[1][1]);
+      }
+      a[1] = a[3] = 0u;
+    } else if constexpr (kVToken) {
       a[0] = pack2<TV>(s[0][0] * vf[0][0], s[0][1] * vf[0][1]);
       a[1] = pack2<TV>(s[0][2] * vf[0][0], s[0][3] * vf[0][1]);
       a[2] = pack2<TV>(s[1][0] * vf[1][0], s[1][1] * vf[1][1]);
@@ -207,9 +227,11 @@ struct DecodeFold {
   /// Affine values, before the P·V MMAs of 16-column slice dt2: where a channel group of `vgroup` channels starts,
   /// a = P · scale'_g / vscale (inv = 1 / vscale) and P · min'_g joins pmin — out_i += Σ_j (P_ij · scale'_jg) · v16_jd
   /// (the MMA) + Σ_j P_ij · min'_jg (float32). Keys j0 + rk, ... past seqlen_k weigh 0.
+  template <class Halves>
   __device__ __forceinline__ static void v_slice(const Src& src, int dt2, int vgroup, float inv, uint32_t stage, int rk,
                                                  int j0, int seqlen_k, const float (&s)[2][4], PMin& pmin,
-                                                 uint32_t (&a)[4]) {
+                                                 uint32_t (&a)[4], Halves) {
+    constexpr int kHalves = Halves::value;
     if constexpr (kVAffine) {
       if ((dt2 * 16) % vgroup == 0) {  // a group starts at this 16-column slice (uniform branch)
         const int gi = dt2 * 16 / vgroup;
@@ -221,16 +243,20 @@ struct DecodeFold {
             float2 f = src.template affine_factors<1>(stage, rk + nt * 8 + e2, gi);
             if (j0 + rk + nt * 8 + e2 >= seqlen_k) f = make_float2(0.f, 0.f);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
+            for (int hh = 0; hh < kHalves; ++hh) {
               const float pv = s[nt][2 * hh + e2];
               pf[nt][2 * hh + e2] = pv * (f.x * inv);
               pmin[dt2][hh] = fmaf(pv, f.y, pmin[dt2][hh]);
             }
           }
         a[0] = pack2<TV>(pf[0][0], pf[0][1]);
-        a[1] = pack2<TV>(pf[0][2], pf[0][3]);
         a[2] = pack2<TV>(pf[1][0], pf[1][1]);
-        a[3] = pack2<TV>(pf[1][2], pf[1][3]);
+        if constexpr (kHalves == 2) {
+          a[1] = pack2<TV>(pf[0][2], pf[0][3]);
+          a[3] = pack2<TV>(pf[1][2], pf[1][3]);
+        } else {
+          a[1] = a[3] = 0u;
+        }
       }
     }
   }

@@ -13,7 +13,9 @@
 // (sm80/decode_kv_source.cuh): Kv16Source (16-bit pages, cp.async into the tiles) or KvQuantSource (packed codes +
 // metadata staged by cp.async, each warp converting its own keys to exact 16-bit code images; the scales / zero points
 // are folded in float32 — per key on the scores, into P for the values — by the hooks of sm80/decode_fold.cuh, which
-// compile to nothing for 16-bit pages); everything else — PackGQA, masking (core::MaskRule: bottom-right causal,
+// compile to nothing for 16-bit pages; register-direct quantized sources, Src::kRegDirect, skip the image tile: the
+// mainloop takes their K / V fragments from ldmatrix of the raw codes, with the Q tile's channels permuted once per
+// CTA and the output's V channels placed by frag::v_channel, sm80/decode_frag.hpp); everything else — PackGQA, masking (core::MaskRule: bottom-right causal,
 // window), the online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every
 // format.
 // Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
@@ -114,6 +116,23 @@ __device__ __forceinline__ bool nonfinite2(uint32_t v) {
   return lo == (kExp & 0xffffu) || hi == (kExp & 0xffff0000u);
 }
 
+/// The Q tile's 16-channel slices in place into the register-direct K fragments' channel order
+/// (frag::permute_q_words; every row of the tile, padding rows included).
+template <class TileQ, int kHeadDim>
+__device__ __forceinline__ void permute_q_tile(uint32_t sQ) {
+  constexpr int kSlices = kHeadDim / 16;
+  for (int i = threadIdx.x; i < 16 * kSlices; i += kDecodeThreads) {
+    const int r = i / kSlices, sl = i % kSlices;
+    const uint32_t a0 = sQ + TileQ::offset(r, 2 * sl), a1 = sQ + TileQ::offset(r, 2 * sl + 1);
+    uint32_t w[8], n[8];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a0));
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "r"(a1));
+    frag::permute_q_words(w, n);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a0), "r"(n[0]), "r"(n[1]), "r"(n[2]), "r"(n[3]));
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a1), "r"(n[4]), "r"(n[5]), "r"(n[6]), "r"(n[7]));
+  }
+}
+
 template <class Cfg, class T>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   using Src = typename Cfg::Src;
@@ -187,6 +206,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 
   cp_async_wait<kStages - 1>();  // Q landed (the oldest group)
   __syncthreads();
+  if constexpr (Src::kRegDirect) {  // register-direct K fragments: Q's channels permuted like theirs (decode_frag.hpp)
+    permute_q_tile<TileQ, kHeadDim>(sQ);
+    __syncthreads();
+  }
   uint32_t qa[kHeadDim / 16][4];
   {
     const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
@@ -218,9 +241,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // Affine packed pages (head_dim <= 128) are compiled once more for channel groups of the whole head (the formats'
   // default: int8 / int4 without _gN): one fold per block and half at compile time instead of a uniform branch per
   // 16-channel slice.
-  auto mainloop = [&](auto guarded, auto whole_groups) {
+  // Folded sources whose CTA has at most 8 query rows (decode with GQA groups <= 8) skip the softmax and fold work of
+  // the mma tile's empty rows 8..15 (this thread's row g + 8): kHalves = 1; their P operand is 0.
+  auto mainloop = [&](auto guarded, auto whole_groups, auto halves) {
     constexpr bool kGuard = !kFolded && decltype(guarded)::value;
     constexpr bool kWhole = decltype(whole_groups)::value;
+    constexpr int kHalves = decltype(halves)::value;
+    static_assert(kHalves == 2 || kFolded, "one row half: folded sources only");
     for (int it = 0; nb_begin + it < nb_end; ++it) {
       const int nb = nb_begin + it;
       cp_async_wait<kStages - 2>();
@@ -229,8 +256,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       cp_async_commit();
       // the block's 16-bit K tile (V at + TileKV::kBytes), as an offset from sKV: the stage itself, or the conversion
       // tiles a quantized source just dequantized it into (after a __syncthreads)
-      const uint32_t soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN,
-                                      seqlen_k) - sKV;
+      uint32_t soff = 0;
+      if constexpr (!Src::kRegDirect)
+        soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k) - sKV;
       const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -247,18 +275,27 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
         float(&qk)[2][4] = kKAffine ? acc : s;
         const int kgroup = kWhole ? kHeadDim : Fold::group(src, 0);
+        [[maybe_unused]] uint32_t kw[Src::kLdsmK][4];  // register-direct: the warp's raw K code words
+        if constexpr (Src::kRegDirect) src.k_words(stage_addr, kw);
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
           uint32_t bk[4];
-          ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
+          if constexpr (Src::kRegDirect) {
+            src.k_frag(kw, kk, bk);
+          } else {
+            ldmatrix_x4(bk, k_addr(warp * 16, kk * 2) + soff);
+          }
           mma_16816<T>(qk[0], qa[kk], bk[0], bk[1]);
           mma_16816<T>(qk[1], qa[kk], bk[2], bk[3]);
-          Fold::k_slice(src, kk, kgroup, stage_addr, rk, qsum, acc, qacc, s);
+          Fold::k_slice(src, kk, kgroup, stage_addr, rk, qsum, acc, qacc, s, halves);
         }
-        Fold::k_factors(src, stage_addr, rk, s);
+        Fold::k_factors(src, stage_addr, rk, s, halves);
       }
       uint32_t soff_v = soff;  // the V tile is at v_addr(...) + soff_v
-      if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
+      [[maybe_unused]] uint32_t vw[Src::kLdsmV][4];  // register-direct: the warp's transposed raw V code words
+      if constexpr (Src::kRegDirect) {
+        src.v_words(stage_addr, vw);
+      } else if constexpr (kFolded) {  // V images into the rows the K images held (the QK MMAs overlap the conversion)
         src.tiles_v(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k);
         soff_v = soff - TileKV::kBytes;
       }
@@ -273,13 +310,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = tanh_approx(s[nt][e] * p.score_scale);
+            for (int e = 0; e < 2 * kHalves; ++e) s[nt][e] = tanh_approx(s[nt][e] * p.score_scale);
         }
         if (jw0 < max(jlo[0], jlo[1]) || jw0 + 16 > min(jhi[0], jhi[1])) {
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < 2 * kHalves; ++e) {
               const int j = jw0 + nt * 8 + 2 * t + (e & 1);
               const int hh = e >> 1;
               if (j < jlo[hh] || j >= jhi[hh]) s[nt][e] = -INFINITY;  // a select: masked keys are exactly absent
@@ -299,7 +336,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
           }
       }
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
+      for (int hh = 0; hh < kHalves; ++hh) {
         float mx = max_nan(row_max[hh], max_nan(max_nan(s[0][2 * hh], s[0][2 * hh + 1]),
                                                 max_nan(s[1][2 * hh], s[1][2 * hh + 1])));
         mx = quad_max_nan(mx);
@@ -365,14 +402,18 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
       // P (the A operand) for every 16-column slice of V, or per channel group (affine V: the fold's hook)
       uint32_t a[4];
-      Fold::p_operand(s, vf, a);
+      Fold::p_operand(s, vf, a, halves);
       const int vgroup = kWhole ? kHeadDim : Fold::group(src, 1);
       const float vinv = kVAffine ? Fold::inv_pow2(vscale) : 1.f;  // vscale: a power of two (1 unless kVNormalize)
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        Fold::v_slice(src, dt2, vgroup, vinv, stage_addr, rk, nb * kBlockN, seqlen_k, s, pmin, a);
+        Fold::v_slice(src, dt2, vgroup, vinv, stage_addr, rk, nb * kBlockN, seqlen_k, s, pmin, a, halves);
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
+        if constexpr (Src::kRegDirect) {
+          src.v_frag(vw, dt2, bv);
+        } else {
+          ldmatrix_x4_trans(bv, v_addr(warp * 16, dt2 * 2) + soff_v);
+        }
         mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
         mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
@@ -386,15 +427,25 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   };
   if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)
     if (Fold::whole_groups(src)) {
-      mainloop(std::false_type{}, std::true_type{});
+      if (rows <= 8) {
+        mainloop(std::false_type{}, std::true_type{}, std::integral_constant<int, 1>{});
+      } else {
+        mainloop(std::false_type{}, std::true_type{}, std::integral_constant<int, 2>{});
+      }
     } else {
-      mainloop(std::false_type{}, std::false_type{});
+      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
+    }
+  } else if constexpr (kFolded && kHeadDim <= 128) {
+    if (rows <= 8) {
+      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 1>{});
+    } else {
+      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
     }
   } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
                                                 min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-    mainloop(std::false_type{}, std::false_type{});
+    mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
   } else {
-    mainloop(std::true_type{}, std::false_type{});
+    mainloop(std::true_type{}, std::false_type{}, std::integral_constant<int, 2>{});
   }
   Fold::finish(src, vscale, pmin, o);
   cp_async_wait<0>();
@@ -412,10 +463,17 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
       sL[warp * 16 + r] = l;
     }
+    if constexpr (Src::kRegDirect) {  // o[dt][e] is channel frag::v_channel(dt, e, t): 16s + 4t + 0..3 per slice s
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
-          make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+      for (int s2 = 0; s2 < kDT / 2; ++s2)
+        *reinterpret_cast<float4*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 4 * t]) =
+            make_float4(o[2 * s2][2 * hh], o[2 * s2 + 1][2 * hh], o[2 * s2][2 * hh + 1], o[2 * s2 + 1][2 * hh + 1]);
+    } else {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt)
+        *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
+            make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < 16 * (kHeadDim / 2); idx += kThreads) {

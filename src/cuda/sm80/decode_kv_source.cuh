@@ -14,8 +14,11 @@
 //                  and the mainloop applies the per-key factors in float32: K's scale on the score after the QK MMA
 //                  (affine K: one accumulator per channel group plus min' · Σ q over the group), V's scale folded
 //                  into P before the P·V MMA (affine V: + Σ_j P_ij · min'_jg in float32; static V scale on the final
-//                  output). KIVI keys (channel_affine, G tokens per unit) are not token-granular and are not
-//                  instantiated (the host names them in an UnsupportedError). dequant8 below is the element-wise x̂
+//                  output). Where kRegDirect (head dims 64 / 128, V images that are the codes'), the codes are
+//                  not imaged at all: the staged rows are swizzled and each warp's ldmatrix of the raw codes feeds
+//                  the MMA fragments through a conversion in registers (sm80/decode_frag.hpp). KIVI keys
+//                  (channel_affine, G tokens per unit) are not token-granular and are not instantiated (the host
+//                  names them in an UnsupportedError). dequant8 below is the element-wise x̂
 //                  of the same formats (KVHalfFormat::dequant bit for bit; tested), kept as the conversion reference.
 // Both: key slots past the sequence's length are never read (zero-filled by cp.async, whatever the page holds there;
 // quant: their images are finite and their weight exactly 0 — masked scores, V factors 0 past the end).
@@ -31,6 +34,8 @@
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
 #include "cuda/sm80/decode_code16.cuh"
+#include "cuda/sm80/decode_frag.hpp"
+#include "cuda/sm80/mma.cuh"
 #include "kvcache/format/traits.hpp"
 
 namespace flashkv::cuda::sm80 {
@@ -56,6 +61,8 @@ struct Kv16Source {
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
   static constexpr bool kReloadQ = false;    ///< Q fragments held in registers for the whole CTA
+  static constexpr bool kRegDirect = false;  ///< fragments by ldmatrix from the 16-bit tiles
+  static constexpr int kLdsmK = 1, kLdsmV = 1;
   const T* kc;
   const T* vc;
   int head_dim;
@@ -186,15 +193,14 @@ struct KvQuantSource {
   /// mainloop's per-block power of two) adds less than rounding x̂ to bf16 does, where rounding it to bf16 doubled
   /// the naive computation's error on peaked rows (H200, CudaQuantKVCache.*); exact either way for the codes.
   using TV = std::conditional_t<VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine, __half, T>;
-  using CodeK = Code16<KC, T>;
-  using CodeV = Code16<VC, TV>;
   static constexpr int kCodeBytesK = kHeadDim * kv::code_bits(KC) / 8, kCodeBytesV = kHeadDim * kv::code_bits(VC) / 8;
   static constexpr int kCodeBlockK = round16(kDecodeBlockN * kCodeBytesK), kCodeBlockV = round16(kDecodeBlockN * kCodeBytesV);
   static constexpr int kHalfBytesK = kCodeBlockK + round16(kDecodeBlockN * quant_meta_max(KS, kHeadDim));
   static constexpr int kHalfBytesV = kCodeBlockV + round16(kDecodeBlockN * quant_meta_max(VS, kHeadDim));
   static constexpr int kStageBytes = kHalfBytesK + kHalfBytesV;
-  static constexpr int kConvBytes = TileKV::kBytes;  ///< one 16-bit tile: K images, then V images
   static_assert(kCodeBytesK % 16 == 0 && kCodeBytesV % 16 == 0, "code rows are whole 16-byte chunks");
+  static constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
+  static constexpr bool kBf16K = std::is_same_v<T, __nv_bfloat16>, kBf16V = std::is_same_v<TV, __nv_bfloat16>;
   static_assert(KS == kv::KVScaling::head_static || KS == kv::KVScaling::token_f32 || KS == kv::KVScaling::token_affine,
                 "token-granular scalings only");
   static_assert(VS == kv::KVScaling::head_static || VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine,
@@ -208,13 +214,38 @@ struct KvQuantSource {
   static constexpr bool kVPreScaled =
       std::is_same_v<T, __half> && (VS == kv::KVScaling::token_f32 || VS == kv::KVScaling::token_affine);
   static constexpr kv::KVScaling kScalingK = KS, kScalingV = kVPreScaled ? kv::KVScaling::none : VS;
+  /// Register-direct fragments (sm80/decode_frag.hpp): the staged code rows swizzled, K / V fragments by ldmatrix of
+  /// the raw codes and a conversion in registers, no image tile — at head dims 64 / 128 (rows of 2..8 chunks) where the
+  /// V images are the codes' (not kVPreScaled: fp16 queries with per-token-scaled V keep the image tile, where x̂ is
+  /// formed per element). Head dim 256 keeps the image tile too: at 255 registers the raw words raised its spills
+  /// (int4 498 -> 778 B, int8 658 -> 902 B; bench/results/sass-decode-regs-2026-12-02.md).
+  static constexpr bool kRegDirect =
+      !kVPreScaled && kHeadDim <= 128 && frag::shape_ok(kChunksK) && frag::shape_ok(kChunksV);
+  static constexpr int kLdsmK = kChunksK / 2, kLdsmV = kChunksV / 2;  ///< ldmatrix.x4 per warp and block
+  static constexpr int kConvBytes = kRegDirect ? 0 : TileKV::kBytes;  ///< else one 16-bit tile: K images, then V
+  /// 4-bit K codes under bf16 queries, register-direct: uncentred images 128 + u (frag::FragCode, kOff −128), the
+  /// offset absorbed by the zero point (min' = min − 128 · scale'). The scores' products are exact in float32 either
+  /// way; the partial sums are ~136 / 8 times larger, so float32 rounds them at ~2^-16 of the score scale — far below
+  /// bf16's 2^-9 per key element in the naive computation. (V stays centred: P · scale' is rounded to 16 bits before it
+  /// multiplies the image.)
+  static constexpr bool kCenteredK =
+      !(kRegDirect && KC == kv::KVCode::u4 && kBf16K && KS == kv::KVScaling::token_affine);
+  /// The K / V images' kMul / kOff (the fold's factors use them).
+  using CodeK = std::conditional_t<kRegDirect, frag::FragCode<KC, kBf16K, kCenteredK>, Code16<KC, T>>;
+  using CodeV = std::conditional_t<kRegDirect, frag::FragCode<VC, kBf16V>, Code16<VC, TV>>;
+  static_assert(frag::FragCode<KC, kBf16K>::kMul == Code16<KC, T>::kMul &&
+                    frag::FragCode<KC, kBf16K>::kOff == Code16<KC, T>::kOff &&
+                    frag::FragCode<VC, kBf16V>::kMul == Code16<VC, TV>::kMul &&
+                    frag::FragCode<VC, kBf16V>::kOff == Code16<VC, TV>::kOff,
+                "the register-direct images are Code16's");
   /// Registers are capped (__launch_bounds__ minimum, 168) to the CTAs per SM the shared memory allows (below).
   /// The CTA's shared memory (sm80::DecodeConfig; checked there): 3 CTAs per SM where 3 of them fit the H100 / H200's
-  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8: 75776 B, its
-  /// staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs, 231 uncapped
-  /// registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is 2–4x smaller
-  /// than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4 60 KB, fp8 96 KB)
-  /// fall short of the 16-bit decode's (2 x 2 x 32 KB) — int4 at head_dim 128 gets 5 stages (120 KB in flight).
+  /// 228 KB (with 1 KB reserved each) with a 3-stage ring: fp8, int4 and int8 at head_dim 128 (int8 with the image
+  /// tile: 75776 B, its staged metadata sized for 32-channel groups; with 16-channel groups it was 81920 B, 2 CTAs,
+  /// 231 uncapped registers). The ring is then as deep as those 3 CTAs allow (at most 6 stages): a packed stage is
+  /// 2–4x smaller than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4
+  /// 60 KB, fp8 96 KB) fall short of the 16-bit decode's (2 x 2 x 32 KB). At head_dim 128, register-direct (no
+  /// image tile): fp8 4 stages (144 KB in flight), int4 6 (150 KB), int8 3 (its 4th misses 3 CTAs by 3 KB).
   static constexpr int kMinCtasPerSm = kHeadDim <= 128 && quant_fits3(kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1;
   static constexpr int kStages = kMinCtasPerSm != 3 ? 3 : quant_deepest3(kHeadDim, kStageBytes, kConvBytes, 6);
   static constexpr int kSmemBytes = quant_smem_bytes(kHeadDim, kStageBytes, kConvBytes, kStages);
@@ -230,6 +261,7 @@ struct KvQuantSource {
   /// every 64-token block lies in one page: pages of >= 64 slots (blocks are 64-aligned), or a contiguous cache of a
   /// whole number of blocks
   bool one_page_blocks;
+  uint32_t lane_off[2];  ///< kRegDirect: ldmatrix #0's row offset of this lane in the staged K / V code blocks
 
   __device__ __forceinline__ KvQuantSource(const DecodeParams& p, int hk) {
     codes[0] = static_cast<const uint8_t*>(p.k_cache) + hk * p.k_head;
@@ -244,6 +276,9 @@ struct KvQuantSource {
     slot_stride[0] = p.k_row, slot_stride[1] = p.v_row;
     meta_page_stride[0] = p.k_meta_page, meta_page_stride[1] = p.v_meta_page;
     one_page_blocks = p.page_table != nullptr ? p.page_size_log2 >= kLog2BlockN : p.capacity % kDecodeBlockN == 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    lane_off[0] = frag::ldsm_lane_offset(warp, lane, kChunksK);
+    lane_off[1] = frag::ldsm_lane_offset(warp, lane, kChunksV);
   }
 
   /// Byte offset of (page, slot) in half `half`.
@@ -258,7 +293,6 @@ struct KvQuantSource {
   template <class Locate>
   __device__ __forceinline__ void load(const DecodeParams& p, uint32_t dst, int j0, int seqlen_k,
                                        Locate&& locate) const {
-    constexpr int kChunksK = kCodeBytesK / 16, kChunksV = kCodeBytesV / 16;
     const int tid = threadIdx.x;
     auto copy_row = [&](int half, uint32_t hdst, int cb, int r, int ch) {
       const int j = j0 + r;
@@ -266,13 +300,17 @@ struct KvQuantSource {
       int64_t page;
       int slot;
       locate(ok ? j : seqlen_k - 1, page, slot);
-      attn::cp_async_16(hdst + r * cb + ch * 16, codes[half] + row_offset(half, page, slot) + ch * 16, ok);
+      attn::cp_async_16(hdst + r * cb + staged_chunk(r, ch, cb / 16) * 16, codes[half] + row_offset(half, page, slot) + ch * 16,
+                        ok);
     };
     if constexpr (kChunksK == kChunksV && kDecodeThreads % kChunksK == 0) {
       // every thread keeps one 16-byte chunk column and rows tid / chunks + k · step: one page lookup per row, K and V
       constexpr int kStep = kDecodeThreads / kChunksK;
       const int ch = tid % kChunksK, rt = tid / kChunksK;
       static_assert(kDecodeBlockN % kStep == 0, "whole rows per pass");
+      // the staged chunk of this thread's rows: kStep a multiple of 8 keeps the swizzle key of rows rt + k · kStep
+      static_assert(!kRegDirect || kStep % 8 == 0, "one swizzled chunk per thread");
+      const int sch = staged_chunk(rt, ch, kChunksK);
       // the metadata words of the same rows with the same page lookup: thread ch copies words ch, ch + kChunksK, ..
       // of each of its rows (words per token: 1 for token_f32, head_dim / group for token_affine, at most kWords*)
       const int mb_k = fmt[0].meta_bytes_per_unit, mb_v = fmt[1].meta_bytes_per_unit;
@@ -293,8 +331,8 @@ struct KvQuantSource {
         for (int k = 0; k < kDecodeBlockN / kStep; ++k) {
           const int r = rt + k * kStep;
           const bool ok = j0 + r < seqlen_k;
-          attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, kp, ok);
-          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, vp, ok);
+          attn::cp_async_16(dst + r * kCodeBytesK + sch * 16, kp, ok);
+          attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + sch * 16, vp, ok);
           meta_words<KS, kChunksK>(mdst_k + r * mb_k, mkp, mb_k / 4, ch, ok);
           meta_words<VS, kChunksK>(mdst_v + r * mb_v, mvp, mb_v / 4, ch, ok);
           kp += kstep, vp += vstep, mkp += kStep * mb_k, mvp += kStep * mb_v;
@@ -310,8 +348,8 @@ struct KvQuantSource {
         int64_t page;
         int slot;
         locate(ok ? j : seqlen_k - 1, page, slot);
-        attn::cp_async_16(dst + r * kCodeBytesK + ch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
-        attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + ch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
+        attn::cp_async_16(dst + r * kCodeBytesK + sch * 16, codes[0] + row_offset(0, page, slot) + ch * 16, ok);
+        attn::cp_async_16(dst + kHalfBytesK + r * kCodeBytesV + sch * 16, codes[1] + row_offset(1, page, slot) + ch * 16, ok);
         meta_words<KS, kChunksK>(mdst_k + r * mb_k, meta[0] + page_slot_offset(page, slot, meta_page_stride[0], mb_k),
                                  mb_k / 4, ch, ok);
         meta_words<VS, kChunksK>(mdst_v + r * mb_v, meta[1] + page_slot_offset(page, slot, meta_page_stride[1], mb_v),
@@ -399,6 +437,29 @@ struct KvQuantSource {
     }
   }
 
+  /// Where chunk `ch` of staged code row r (rows of `chunks` chunks) lies: swizzled for the register-direct
+  /// fragments (frag::swizzled_chunk), else in place (the image conversion reads rows in order).
+  __device__ __forceinline__ static int staged_chunk(int r, int ch, int chunks) {
+    return kRegDirect ? frag::swizzled_chunk(r, ch, chunks) : ch;
+  }
+  /// kRegDirect: this warp's 16 keys of the landed stage as ldmatrix.x4 words of the raw K codes (k_words) / the
+  /// transposed raw V codes (v_words), and the MMA B fragments of one 16-channel slice from them (frag::k_fragment /
+  /// v_fragment: exact Code16 images, K channels permuted as the Q tile is, V columns as v_channel).
+  __device__ __forceinline__ void k_words(uint32_t stage, uint32_t (&w)[kLdsmK][4]) const {
+#pragma unroll
+    for (int i = 0; i < kLdsmK; ++i) ldmatrix_x4(w[i], stage + (lane_off[0] ^ (32u * i)));
+  }
+  __device__ __forceinline__ void v_words(uint32_t stage, uint32_t (&w)[kLdsmV][4]) const {
+#pragma unroll
+    for (int i = 0; i < kLdsmV; ++i) ldmatrix_x4_trans(w[i], stage + kHalfBytesK + (lane_off[1] ^ (32u * i)));
+  }
+  __device__ __forceinline__ static void k_frag(const uint32_t (&w)[kLdsmK][4], int kk, uint32_t (&bk)[4]) {
+    frag::k_fragment<KC, kBf16K, kChunksK, kCenteredK>(w, kk, bk);
+  }
+  __device__ __forceinline__ static void v_frag(const uint32_t (&w)[kLdsmV][4], int s, uint32_t (&bv)[4]) {
+    frag::v_fragment<VC, kBf16V, kChunksV>(w, s, bv);
+  }
+
   /// Generic pointer to a shared-memory address of the stage ring.
   __device__ __forceinline__ static const uint8_t* ptr(uint32_t addr) {
     extern __shared__ __align__(128) char smem[];
@@ -461,6 +522,7 @@ struct KvQuantSource {
   /// This warp's 16 keys of the landed stage, K rows 16·warp .. -> Code16 images in the conversion tile at `conv`
   /// (no CTA barrier: each warp converts exactly the rows its own ldmatrix reads). Returns `conv`.
   __device__ __forceinline__ uint32_t tiles(uint32_t stage, uint32_t conv, int, int) const {
+    static_assert(!kRegDirect, "register-direct sources have no image tiles");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's reads of the previous block's V images are done
     convert_rows<KC, T>(ptr(stage), conv, r0, lane);
@@ -470,6 +532,7 @@ struct KvQuantSource {
   /// The same for V, into the same rows of the same tile once the warp's K fragments are loaded (one tile: the
   /// ring's shared memory plus one 16-bit tile fits 3 CTAs per SM at head_dim 128).
   __device__ __forceinline__ void tiles_v(uint32_t stage, uint32_t conv, int j0, int seqlen_k) const {
+    static_assert(!kRegDirect, "register-direct sources have no image tiles");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     __syncwarp();  // this warp's K ldmatrix reads are done
     convert_rows<VC, TV>(ptr(stage) + kHalfBytesK, conv, r0, lane);
