@@ -3,9 +3,10 @@
 // fp8_test_util.hpp naive_fp8 with the device's own FP8 GEMM through cuBLASLt, fp8_gemm_cublaslt.hpp; lse too) for
 // head dims 64/128/256 (those compiled: FLASHKV_CUDA_FP8_HEADDIMS) x causal / window / softcap / GQA-MQA / varlen x
 // descales per tensor / per (batch, kv head) (incl. strided descale views), persistent tiles, padded copies, a NaN in
-// a masked key; the FA3-paper outlier study (RMSE vs float64 on unquantized values, with and without Hadamard
-// incoherent processing); and the typed errors. Skipped (exit 77) without a GPU; the suites need a Hopper GPU running
-// sm_90a code, else they check the UnsupportedError.
+// a masked key; and the typed errors. The cases: fp8_attention_case.hpp; the FA3-paper outlier study (RMSE vs float64
+// on unquantized values, with and without Hadamard incoherent processing): test_attention_fp8_outlier_cuda.cpp.
+// Skipped (exit 77) without a GPU; the suites need a Hopper GPU running sm_90a code, else they check the
+// UnsupportedError.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,237 +18,25 @@
 #include "core/path_log.hpp"
 #include "core/validate.hpp"
 #include "cuda/attention_cuda.hpp"
-#include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "flashkv/attention.hpp"
 #include "flashkv/error.hpp"
+#include "fp8_attention_case.hpp"
 #include "fp8_gemm_cublaslt.hpp"
 #include "fp8_test_util.hpp"
 
 namespace flashkv::cudatest {
 namespace {
 
-using fp8::Quantized;
 using flashkv::testing::full_tests;
 
-/// The public entry points' work (flashkv/attention.hpp; src/cpu/attention_api.cpp is not linked into this binary):
-/// validation into a problem, then the CUDA backend.
-void run_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                       const TensorView* lse, const AttentionOptions& o) {
-  cuda::attention_forward_cuda(core::make_forward_problem(q, k, v, out, lse, o), nullptr);
-}
-void run_varlen_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cq,
-                              const TensorView& ck, int64_t mq, int64_t mk, const TensorView& out,
-                              const TensorView* lse, const AttentionOptions& o) {
-  cuda::attention_forward_cuda(core::make_varlen_forward_problem(q, k, v, cq, ck, mq, mk, out, lse, o), nullptr);
-}
+/// The backward's validation and CUDA backend (FP8 is forward-only: TypedErrors).
 void run_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                        const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const AttentionOptions& o) {
+                  const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                  const TensorView& dv, const AttentionOptions& o) {
   cuda::attention_backward_cuda(core::make_backward_problem(q, k, v, out, lse, dout, dq, dk, dv, o), nullptr);
 }
 
-struct Fp8Case {
-  int batch = 2, heads = 4, heads_kv = 4, head_dim = 128;
-  int seqlen_q = 113, seqlen_k = 203;
-  bool causal = false;
-  int window_left = -1, window_right = -1;
-  float softcap = 0.f;
-  bool per_head = true;          ///< descales per (batch, kv head), else per tensor
-  bool strided_descale = false;  ///< per-head descales stored [num_heads_kv, batch] and viewed transposed
-  bool with_descale = true;      ///< false: no descale tensors (all 1; inputs quantized with scale 1)
-  int pitch_extra = 0;           ///< > 0: q/k/v/out head stride head_dim + pitch_extra (the padded-copy path)
-  std::vector<int> varlen_q, varlen_k;
-  std::string name() const {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "fp8 d=%d b=%d h=%d/%d sq=%d sk=%d causal=%d win=(%d,%d) softcap=%g %s%s%s%s",
-                  head_dim, batch, heads, heads_kv, seqlen_q, seqlen_k, causal, window_left, window_right, softcap,
-                  with_descale ? (per_head ? "per-head" : "per-tensor") : "no-descale",
-                  strided_descale ? " strided-descale" : "", varlen_q.empty() ? "" : " varlen",
-                  pitch_extra ? " pitched" : "");
-    return buf;
-  }
-};
-
-bool hopper_sm90a() { return cuda::device_runs_sm90(); }
-
-/// Host inputs of one case: values in the packed [total, H, d] order with the per-sequence bounds.
-struct Fp8Data {
-  std::vector<int32_t> cu_q, cu_k;
-  Quantized q, k, v;
-};
-
-std::vector<double> randn(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> dist(0.0, 1.0);
-  std::vector<double> x(n);
-  for (double& e : x) e = dist(rng);
-  return x;
-}
-/// Multiplies each (sequence, kv head) group by its own factor in [0.25, 4] so that per-head descales differ.
-void vary_groups(std::vector<double>& x, const std::vector<int32_t>& cu, int heads, int group, int d,
-                 std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> u(-2.0, 2.0);
-  for (size_t b = 0; b + 1 < cu.size(); ++b) {
-    std::vector<double> f(static_cast<size_t>(heads / group));
-    for (double& e : f) e = std::exp2(u(rng));
-    for (int r = cu[b]; r < cu[b + 1]; ++r)
-      for (int h = 0; h < heads; ++h)
-        for (int c = 0; c < d; ++c) x[(static_cast<size_t>(r) * heads + h) * d + c] *= f[static_cast<size_t>(h / group)];
-  }
-}
-
-Fp8Data make_data(const Fp8Case& c, std::mt19937_64& rng) {
-  Fp8Data r;
-  const bool varlen = !c.varlen_q.empty();
-  const int batch = varlen ? static_cast<int>(c.varlen_q.size()) : c.batch;
-  r.cu_q = {0}, r.cu_k = {0};
-  for (int b = 0; b < batch; ++b) {
-    r.cu_q.push_back(r.cu_q.back() + (varlen ? c.varlen_q[b] : c.seqlen_q));
-    r.cu_k.push_back(r.cu_k.back() + (varlen ? c.varlen_k[b] : c.seqlen_k));
-  }
-  const int group = c.heads / c.heads_kv, d = c.head_dim;
-  auto qx = randn(static_cast<size_t>(r.cu_q.back()) * c.heads * d, rng);
-  auto kx = randn(static_cast<size_t>(r.cu_k.back()) * c.heads_kv * d, rng);
-  auto vx = randn(static_cast<size_t>(r.cu_k.back()) * c.heads_kv * d, rng);
-  if (c.with_descale) {
-    vary_groups(qx, r.cu_q, c.heads, group, d, rng);
-    vary_groups(kx, r.cu_k, c.heads_kv, 1, d, rng);
-    vary_groups(vx, r.cu_k, c.heads_kv, 1, d, rng);
-  }
-  const bool per_head = c.with_descale && c.per_head;
-  r.q = fp8::quantize(qx, r.cu_q, c.heads, group, d, per_head);
-  r.k = fp8::quantize(kx, r.cu_k, c.heads_kv, 1, d, per_head);
-  r.v = fp8::quantize(vx, r.cu_k, c.heads_kv, 1, d, per_head);
-  if (!c.with_descale) {  // no descale tensors: the codes are the values (scale 1; N(0, 1) fits e4m3's range)
-    for (Quantized* t : {&r.q, &r.k, &r.v}) {
-      for (size_t i = 0; i < t->codes.size(); ++i) {
-        t->codes[i] = fp8::e4m3_code(t == &r.q ? qx[i] : t == &r.k ? kx[i] : vx[i]);
-        t->deq[i] = fp8::e4m3_value(t->codes[i]);
-      }
-      t->descale.assign(1, 1.f);
-    }
-  }
-  return r;
-}
-
-/// Device tensors of one case and the problem over them.
-struct Fp8Run {
-  DevBuf q, k, v, out, lse, cu_q, cu_k, dq, dk, dv;
-  TensorView qv, kv, vv, ov, lv, cqv, ckv, dqv, dkv, dvv;
-  int64_t pitch;
-  int batch;
-  std::vector<int> mq_mk;
-  static std::vector<uint8_t> pitched(const std::vector<uint8_t>& codes, int d, int64_t pitch) {
-    if (pitch == d) return codes;
-    std::vector<uint8_t> out(codes.size() / d * pitch, 0x7F);  // NaN padding: must never be read
-    for (size_t r = 0; r * d < codes.size(); ++r)
-      for (int c = 0; c < d; ++c) out[r * pitch + c] = codes[r * d + c];
-    return out;
-  }
-  static std::vector<float> descale_store(const Fp8Case& c, const std::vector<float>& ds, int batch) {
-    if (!(c.per_head && c.strided_descale)) return ds;
-    std::vector<float> t(ds.size());  // [hkv, batch]
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < c.heads_kv; ++h) t[static_cast<size_t>(h) * batch + b] = ds[static_cast<size_t>(b) * c.heads_kv + h];
-    return t;
-  }
-  Fp8Run(const Fp8Case& c, const Fp8Data& r)
-      : q(Fp8Run::pitched(r.q.codes, c.head_dim, c.head_dim + c.pitch_extra).size()),
-        k(Fp8Run::pitched(r.k.codes, c.head_dim, c.head_dim + c.pitch_extra).size()),
-        v(Fp8Run::pitched(r.v.codes, c.head_dim, c.head_dim + c.pitch_extra).size()),
-        out(static_cast<size_t>(r.cu_q.back()) * c.heads * (c.head_dim + c.pitch_extra) * 2),
-        lse(static_cast<size_t>(r.cu_q.back()) * c.heads * 4), cu_q(r.cu_q.size() * 4), cu_k(r.cu_k.size() * 4),
-        dq(r.q.descale.size() * 4), dk(r.k.descale.size() * 4), dv(r.v.descale.size() * 4),
-        pitch(c.head_dim + c.pitch_extra), batch(static_cast<int>(r.cu_q.size()) - 1) {
-    const bool varlen = !c.varlen_q.empty();
-    q.upload(pitched(r.q.codes, c.head_dim, pitch));
-    k.upload(pitched(r.k.codes, c.head_dim, pitch));
-    v.upload(pitched(r.v.codes, c.head_dim, pitch));
-    cu_q.upload(r.cu_q), cu_k.upload(r.cu_k);
-    dq.upload(descale_store(c, r.q.descale, batch));
-    dk.upload(descale_store(c, r.k.descale, batch));
-    dv.upload(descale_store(c, r.v.descale, batch));
-    out.poison(), lse.poison();
-    const int64_t sq = varlen ? r.cu_q.back() : c.seqlen_q, sk = varlen ? r.cu_k.back() : c.seqlen_k;
-    qv = view(q.p, DType::float8_e4m3fn, varlen, batch, sq, c.heads, c.head_dim, pitch);
-    kv = view(k.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
-    vv = view(v.p, DType::float8_e4m3fn, varlen, batch, sk, c.heads_kv, c.head_dim, pitch);
-    ov = view(out.p, DType::bfloat16, varlen, batch, sq, c.heads, c.head_dim, pitch);
-    lv = varlen ? dev_view(lse, DType::float32, {c.heads, r.cu_q.back()})
-                : dev_view(lse, DType::float32, {batch, c.heads, c.seqlen_q});
-    cqv = dev_view(cu_q, DType::int32, {batch + 1});
-    ckv = dev_view(cu_k, DType::int32, {batch + 1});
-    auto dview = [&](const DevBuf& b) {
-      if (!c.per_head) return dev_view(b, DType::float32, {1});
-      TensorView t = dev_view(b, DType::float32, {batch, c.heads_kv});
-      if (c.strided_descale) t.strides[0] = 1, t.strides[1] = batch;
-      return t;
-    };
-    dqv = dview(dq), dkv = dview(dk), dvv = dview(dv);
-  }
-  AttentionOptions options(const Fp8Case& c) const {
-    AttentionOptions o;
-    o.kernel_family = KernelFamily::sm90ws;
-    o.causal = c.causal;
-    o.window_size_left = c.window_left;
-    o.window_size_right = c.window_right;
-    o.softcap = c.softcap;
-    if (c.with_descale) o.q_descale = &dqv, o.k_descale = &dkv, o.v_descale = &dvv;
-    return o;
-  }
-  /// Runs the forward: validation, dispatch, the sm90ws FP8 kernel.
-  void forward(const Fp8Case& c) const {
-    const AttentionOptions o = options(c);
-    if (c.varlen_q.empty()) {
-      run_forward(qv, kv, vv, ov, &lv, o);
-    } else {
-      int mq = 0, mk = 0;
-      for (int x : c.varlen_q) mq = std::max(mq, x);
-      for (int x : c.varlen_k) mk = std::max(mk, x);
-      run_varlen_forward(qv, kv, vv, cqv, ckv, mq, mk, ov, &lv, o);
-    }
-  }
-};
-
-struct Fp8Result {
-  std::vector<double> out, lse;  ///< out [total_q, H, d], lse [H, total_q]
-};
-Fp8Result download(const Fp8Case& c, const Fp8Data& r, const Fp8Run& d) {
-  Fp8Result res;
-  const int tq = r.cu_q.back();
-  const auto bits = d.out.download<uint16_t>(d.out.bytes / 2);
-  res.out.resize(static_cast<size_t>(tq) * c.heads * c.head_dim);
-  for (size_t i = 0; i < static_cast<size_t>(tq) * c.heads; ++i)
-    for (int col = 0; col < c.head_dim; ++col)
-      res.out[i * c.head_dim + col] = bf16_to_float(bits[i * d.pitch + col]);
-  const auto l = d.lse.download<float>(d.lse.bytes / 4);
-  res.lse.assign(static_cast<size_t>(c.heads) * tq, 0.0);
-  for (int b = 0; b < d.batch; ++b)
-    for (int h = 0; h < c.heads; ++h)
-      for (int i = 0; i < r.cu_q[b + 1] - r.cu_q[b]; ++i) {
-        const size_t src = c.varlen_q.empty() ? (static_cast<size_t>(b) * c.heads + h) * c.seqlen_q + i
-                                              : static_cast<size_t>(h) * tq + r.cu_q[b] + i;
-        res.lse[static_cast<size_t>(h) * tq + r.cu_q[b] + i] = l[src];
-      }
-  return res;
-}
-
-RefVarlenShape ref_shape(const Fp8Case& c, const Fp8Data& r) {
-  RefVarlenShape s;
-  s.cu_seqlens_q.assign(r.cu_q.begin(), r.cu_q.end());
-  s.cu_seqlens_k.assign(r.cu_k.begin(), r.cu_k.end());
-  s.num_heads = c.heads, s.num_heads_kv = c.heads_kv, s.head_dim = s.head_dim_v = c.head_dim;
-  return s;
-}
-RefOptions ref_options(const Fp8Case& c) {
-  RefOptions o;
-  o.softmax_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  o.causal = c.causal;
-  o.window_size_left = c.window_left;
-  o.window_size_right = c.window_right;
-  o.softcap = c.softcap;
-  return o;
-}
 double lse_error(const std::vector<double>& a, const std::vector<double>& ref) {
   for (size_t i = 0; i < a.size(); ++i)
     if (std::isinf(a[i]) && a[i] != ref[i]) return INFINITY;
@@ -316,20 +105,6 @@ void check_fp8(const Fp8Case& c) {
               c.name().c_str(), err, naive_err, max_abs_diff(exact_out, ref_out), lerr, naive_lerr,
               lse_error(exact_lse, ref_lse));
 }
-
-/// The FP8 head dims this build compiled (an UnsupportedError "not compiled" otherwise, printed).
-bool fp8_compiled(int d) {
-  try {
-    cuda::select_kernel(cuda::KernelKind::fwd, KernelFamily::sm90ws, d, DType::float8_e4m3fn);
-    return true;
-  } catch (const UnsupportedError& e) {
-    std::printf("  [not compiled] %s\n", e.what());
-    return false;
-  }
-}
-
-#define FLASHKV_REQUIRE_FP8() \
-  if (!hopper_sm90a()) GTEST_SKIP() << "no Hopper GPU running sm_90a code (FP8 is sm90ws only)"
 
 // The baseline's device GEMM has the layout of its host emulation (fp8::gemm_exact): on codes whose products and sums
 // need <= 11 significant bits (values in {0, +-1/2, +-1, +-2}, k = 80) the tensor cores are exact, so d must equal
@@ -460,91 +235,6 @@ TEST(CudaFp8Forward, NaNInMaskedKeyStaysMasked) {
     } else {
       EXPECT_TRUE(std::isnan(o5)) << "row " << i << " sees the NaN";
     }
-  }
-}
-
-/// RMSE of the FP8 forward against float64 attention on the UNQUANTIZED values for the FA3 paper's outlier
-/// distribution N(0, 1) + N(0, 100) * Bernoulli(0.001) (FA3 §4.3, Table 3), per-tensor scales, without and with
-/// incoherent processing (q and k rotated by the same random-sign Walsh-Hadamard matrix along head_dim), pooled over
-/// `batch` sequences of 1024 tokens x 4 heads. One 4-head sample is too noisy to judge a target by: a float64 host
-/// emulation of this quantization gives 8.4e-3 +- 0.9e-3 (sd over seeds) at head_dim 128 with the rotation, because the
-/// error is dominated by the few (unrotated) outliers of v; pooling 16 samples brings the sd to ~0.2e-3.
-struct OutlierRmse {
-  double plain = 0, rotated = 0;
-};
-OutlierRmse outlier_rmse(int d, int batch, std::mt19937_64& rng) {
-  Fp8Case c;
-  c.batch = batch, c.heads = c.heads_kv = 4, c.head_dim = d, c.seqlen_q = c.seqlen_k = 1024, c.per_head = false;
-  const int64_t row = static_cast<int64_t>(c.heads) * d, rows = c.seqlen_q;
-  const size_t n = static_cast<size_t>(batch * rows * row);
-  auto outliers = [&](size_t m) {
-    std::normal_distribution<double> g(0.0, 1.0), big(0.0, 10.0);
-    std::bernoulli_distribution coin(0.001);
-    std::vector<double> x(m);
-    for (double& e : x) e = g(rng) + (coin(rng) ? big(rng) : 0.0);
-    return x;
-  };
-  const std::vector<double> q = outliers(n), k = outliers(n), v = outliers(n);
-  std::vector<int32_t> cu(static_cast<size_t>(batch + 1));
-  for (int b = 0; b <= batch; ++b) cu[static_cast<size_t>(b)] = b * c.seqlen_q;
-  // The float64 reference on the unquantized, unrotated values, one sequence per thread (independent sequences).
-  std::vector<double> ref_out(n);
-  const RefOptions ro = ref_options(c);
-#pragma omp parallel for schedule(dynamic)
-  for (int b = 0; b < batch; ++b) {
-    const flashkv::testing::RefShape one{1, rows, rows, c.heads, c.heads_kv, d, d};
-    const size_t off = static_cast<size_t>(b * rows * row), len = static_cast<size_t>(rows * row);
-    auto part = [&](const std::vector<double>& x) { return std::vector<double>(x.begin() + off, x.begin() + off + len); };
-    std::vector<double> o1, l1;
-    reference_forward(one, ro, part(q), part(k), part(v), o1, l1);
-    std::copy(o1.begin(), o1.end(), ref_out.begin() + static_cast<std::ptrdiff_t>(off));
-  }
-  auto rmse = [&](bool hadamard) {
-    Fp8Data r;
-    r.cu_q = r.cu_k = cu;
-    std::vector<double> qr = q, kr = k;
-    if (hadamard) {
-      std::vector<double> sign(static_cast<size_t>(d));
-      std::bernoulli_distribution coin(0.5);
-      for (double& e : sign) e = coin(rng) ? 1.0 : -1.0;
-      fp8::hadamard_rows(qr, d, sign);
-      fp8::hadamard_rows(kr, d, sign);
-    }
-    r.q = fp8::quantize(qr, cu, c.heads, 1, d, false);
-    r.k = fp8::quantize(kr, cu, c.heads, 1, d, false);
-    r.v = fp8::quantize(v, cu, c.heads, 1, d, false);
-    Fp8Run dev(c, r);
-    dev.forward(c);
-    const Fp8Result got = download(c, r, dev);
-    double se = 0;
-    for (size_t i = 0; i < ref_out.size(); ++i) se += (got.out[i] - ref_out[i]) * (got.out[i] - ref_out[i]);
-    return std::sqrt(se / static_cast<double>(ref_out.size()));
-  };
-  OutlierRmse res;
-  res.plain = rmse(false);
-  res.rotated = rmse(true);
-  return res;
-}
-
-// The FA3 paper's target (Table 3: 9.1e-3 with incoherent processing, against 2.4e-2 for per-tensor FP8) is checked at
-// head dims 128 and 256 on 16 pooled samples (64 heads; the host emulation's mean 8.4e-3 is then ~3 sd below the
-// bound at 128); at 64 the e4m3 rounding of q and k alone gives ~1.1e-2 after the rotation (a float64 host emulation
-// of the same quantization: ~2.1e-2 without it), so there the numbers are reported only.
-TEST(CudaFp8Forward, OutlierRmseWithAndWithoutHadamard) {
-  FLASHKV_REQUIRE_FP8();
-  constexpr int kSamples = 16;
-  for (int d : {64, 128, 256}) {
-    if (!fp8_compiled(d)) continue;
-    std::mt19937_64 rng(test_seed() + static_cast<uint64_t>(d));
-    const OutlierRmse e = outlier_rmse(d, kSamples, rng);
-    std::printf("  [fp8 outlier RMSE] head_dim %d, %d x (seqlen 1024, 4 heads), per-tensor scales: %.3e without "
-                "Hadamard, %.3e with (FA3 Table 3: 2.4e-2 / 9.1e-3)\n",
-                d, kSamples, e.plain, e.rotated);
-    if (d >= 128) {
-      EXPECT_LE(e.rotated, 9.1e-3) << "the FA3 paper's FP8 RMSE with incoherent processing";
-    }
-    EXPECT_LE(e.rotated, 1.5e-2) << "incoherent processing at head_dim " << d;
-    EXPECT_LT(e.rotated, e.plain) << "the rotation must lower the error on outliers";
   }
 }
 
