@@ -191,23 +191,24 @@ std::vector<float> read_gguf_tensor(const std::string& path, const std::string& 
 // Named models (`--model smollm2-135m`) and their files
 // ---------------------------------------------------------------------------------------------------------------------
 
-/// A model known by name. Fetched models live in fetched_models_dir(); the tiny shipped test model in models_dir().
+/// A model known by name. Fetched models live in fetched_models_dir(); the 260K test model in shipped_models_dir().
 struct ModelAlias {
   std::string name;         ///< "smollm2-135m", "aidreams260k"
   std::string file;         ///< file name inside its directory
   std::string tokenizer;    ///< separate tokenizer file ("" = embedded in the GGUF)
   std::string description;  ///< one line for --help and error messages
-  std::string setup;        ///< command that brings the file ("scripts/setup")
-  bool fetched = true;      ///< true: fetched_models_dir(); false: the shipped test-model directory models_dir()
+  std::string setup;        ///< command that brings the file ("scripts/setup ...")
+  bool fetched = true;      ///< true: fetched_models_dir(); false: the test-model directory shipped_models_dir()
 };
 /// Every alias, in display order.
 const std::vector<ModelAlias>& model_aliases();
 
 /// Where scripts/setup puts fetched models: $FLASHKV_MODEL_HOME if set, else `<source tree>/models` (compiled in).
 std::string fetched_models_dir();
-/// Directory holding the shipped test model (aidreams260K): $FLASHKV_MODELS_DIR if set, else `default_dir`.
-std::string models_dir(const std::string& default_dir);
-/// models_dir() with the compiled-in default `<source tree>/../shared/models`.
+/// Directory holding the 260K test model (aidreams260K.bin + aidreams260K.tok512.bin): $FLASHKV_MODELS_DIR if set; else
+/// the first that holds aidreams260K.bin of `fetched_models_dir()/aidreams260k` (scripts/setup copies it there) and
+/// `<source tree>/../shared/models` (the reference folder beside a clone, compiled in); else the former, so that a
+/// missing-model error names the folder scripts/setup fills. Never throws.
 std::string shipped_models_dir();
 
 /// A model argument resolved to files.

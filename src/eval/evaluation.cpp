@@ -246,6 +246,4 @@ std::vector<FormatRow> evaluate(const Model& model, const std::vector<KVCacheSpe
   return rows;
 }
 
-std::string default_models_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
-
 }  // namespace flashkv::eval

@@ -159,7 +159,4 @@ std::vector<FormatRow> evaluate(const Model& model, const std::vector<KVCacheSpe
                                 const std::vector<std::vector<int32_t>>& sequences, int32_t batch = 0,
                                 const Progress& progress = {}, const EvalTarget& target = {});
 
-/// Default location of the shipped model: $FLASHKV_MODELS_DIR, else <source tree>/../shared/models.
-std::string default_models_dir();
-
 }  // namespace flashkv::eval

@@ -1,6 +1,7 @@
 // Shared by the engine C ABI tests (test_capi_engine.cpp, test_capi_engine_errors.cpp): the shipped 260K model's
-// paths (FLASHKV_MODELS_DIR, default ../shared/models), the test seed, the C++ reference runs and the fixture (an
-// engine on the model; tests skip when it is missing).
+// paths (flashkv::shipped_models_dir(): FLASHKV_MODELS_DIR, else scripts/setup's models/aidreams260k, else
+// ../shared/models), the test seed, the C++ reference runs and the fixture (an engine on the model; tests skip when it
+// is missing).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,7 +19,7 @@
 
 namespace capi_engine_test {
 
-inline std::string models() { return flashkv::models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
+inline std::string models() { return flashkv::shipped_models_dir(); }
 inline std::string model_bin() { return models() + "/aidreams260K.bin"; }
 inline std::string tok_bin() { return models() + "/aidreams260K.tok512.bin"; }
 
@@ -94,7 +95,7 @@ class CapiEngine : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::is_regular_file(model_bin()) || !std::filesystem::is_regular_file(tok_bin()))
-      GTEST_SKIP() << "shipped model not found in " << models() << ": set FLASHKV_MODELS_DIR";
+      GTEST_SKIP() << "shipped model not found in " << models() << ": run scripts/setup (or set FLASHKV_MODELS_DIR)";
     e_ = open();
     ASSERT_NE(e_, nullptr);
   }

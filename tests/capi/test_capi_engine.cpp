@@ -3,8 +3,9 @@
 // token for token (greedy and sampled, llama2.c and GGUF, fp32 and quantized caches), the seed stream, tokenize /
 // detokenize, the stats, continuous batching (add / step / retire equals each request run alone; capacity refusals
 // change nothing), and every bad argument (test_capi_engine_errors.cpp). The 260K model comes from
-// FLASHKV_MODELS_DIR (default ../shared/models); tests skip when it is missing. Random prompts and sampler seeds come
-// from FLASHKV_TEST_SEED (printed; random when unset).
+// flashkv::shipped_models_dir() (FLASHKV_MODELS_DIR, else models/aidreams260k from scripts/setup, else
+// ../shared/models); tests skip when it is missing. Random prompts and sampler seeds come from FLASHKV_TEST_SEED
+// (printed; random when unset).
 #include <gtest/gtest.h>
 
 #include <algorithm>

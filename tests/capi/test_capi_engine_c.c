@@ -1,8 +1,10 @@
 /* The engine's C ABI (include/flashkv/flashkv_engine.h) from C11: the header compiles as C with -Wpedantic, and a
  * plain C caller creates an engine, generates greedy text, reads the stats, runs two batched requests and gets typed
  * errors. The thorough checks (equality with the C++ engine and the CLI, every bad argument) are test_capi_engine.cpp
- * and tests/python/test_engine.py. Model: $FLASHKV_MODELS_DIR or FLASHKV_DEFAULT_MODELS_DIR (exit 77 = skipped when
- * it is missing). Ends with "N passed, M failed"; exit code 1 on any failure. */
+ * and tests/python/test_engine.py. Model: $FLASHKV_MODELS_DIR, else the first of FLASHKV_SETUP_MODELS_DIR
+ * (models/aidreams260k, where scripts/setup copies it) and FLASHKV_SHARED_MODELS_DIR (../shared/models) that holds it,
+ * as flashkv::shipped_models_dir() (exit 77 = skipped when it is missing). Ends with "N passed, M failed"; exit code 1
+ * on any failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,18 +12,26 @@
 #include "capi_check.h"
 #include "flashkv/flashkv_engine.h"
 
+/* dir/aidreams260K.bin into `model`; 1 when that file opens. */
+static int model_in(const char* dir, char* model, size_t size) {
+  snprintf(model, size, "%s/aidreams260K.bin", dir);
+  FILE* f = fopen(model, "rb");
+  if (f != NULL) fclose(f);
+  return f != NULL;
+}
+
 int main(void) {
   const char* dir = getenv("FLASHKV_MODELS_DIR");
   char model[4096], tok[4096];
-  if (dir == NULL || dir[0] == '\0') dir = FLASHKV_DEFAULT_MODELS_DIR;
-  snprintf(model, sizeof model, "%s/aidreams260K.bin", dir);
+  if (dir == NULL || dir[0] == '\0')
+    dir = model_in(FLASHKV_SETUP_MODELS_DIR, model, sizeof model) ? FLASHKV_SETUP_MODELS_DIR
+          : model_in(FLASHKV_SHARED_MODELS_DIR, model, sizeof model) ? FLASHKV_SHARED_MODELS_DIR
+                                                                     : FLASHKV_SETUP_MODELS_DIR;
   snprintf(tok, sizeof tok, "%s/aidreams260K.tok512.bin", dir);
-  FILE* f = fopen(model, "rb");
-  if (f == NULL) {
-    printf("skipped: %s not found (set FLASHKV_MODELS_DIR)\n", model);
+  if (!model_in(dir, model, sizeof model)) {
+    printf("skipped: %s not found (run scripts/setup, or set FLASHKV_MODELS_DIR)\n", model);
     return 77;
   }
-  fclose(f);
 
   flashkv_engine_options o;
   CHECK(flashkv_engine_options_default(&o) == FLASHKV_OK, "options_default");

@@ -15,6 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import shipped_model  # noqa: E402
+
 passed = failed = 0
 
 
@@ -123,10 +126,17 @@ def check_bad_args(binary):
         expect(r.returncode == 2, f"{args}: exit code {r.returncode} (want 2): {r.stderr}")
         expect(len(lines) == 1, f"{args}: one line on stderr, got {len(lines)}: {r.stderr!r}")
         expect(name in r.stderr, f"{args}: message names {name}: {r.stderr!r}")
+    # The 260K model missing from the folder FLASHKV_MODELS_DIR names: one line naming the file expected and the setup
+    # command that brings it (no model is needed for this case).
+    with tempfile.TemporaryDirectory() as empty:
+        env = dict(os.environ, FLASHKV_MODELS_DIR=empty)
+        for args in (["generate", "--model", "aidreams260k", "--prompt", "x"], ["eval", "--model", "aidreams260k"]):
+            expect_user_error(binary, args, f"expected {empty}/aidreams260K.bin; run scripts/setup", env=env)
 
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", REPO.parent / "shared" / "models"))
+MODELS = shipped_model.MODELS
+DOCS_MODELS = "models/aidreams260k"  # where the docs' commands name the 260K model: scripts/setup copies it there
 
 
 def documented_commands(path):
@@ -166,12 +176,20 @@ def documented_engine_commands():
 
 
 def check_docs(binary):
-    """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the shipped model and
-    tokenizer, ../shared/models = the models folder, scripts/flashkv = the built binary) in a temporary directory, so
-    the files it writes land there. Commands that name a model that is not installed are reported and skipped. The
-    `--device cuda` commands are docs_cuda's (run where a CUDA device is)."""
+    """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the 260K model and
+    tokenizer, models/aidreams260k = the folder holding them, scripts/flashkv = the built binary) in a temporary
+    directory, so the files it writes land there. Commands that name a model that is not installed (SmolLM2 before
+    scripts/setup) are reported and skipped; the 260K model itself must be there (scripts/setup copies it). No command
+    may name ../shared/models (a path that only works in a clone placed beside the reference folder). The `--device
+    cuda` commands are docs_cuda's (run where a CUDA device is)."""
+    if not shipped_model.PRESENT:
+        expect(False, shipped_model.MISSING_REASON)
+        return 1
     cmds = [c for c in documented_engine_commands() if not on_cuda(c)]
     expect(len(cmds) >= 8, f"found the documented commands ({len(cmds)})")
+    for c in documented_engine_commands():
+        expect("shared/models" not in c, f"documented command names ../shared/models, which only a clone beside the "
+                                         f"reference folder has (write {DOCS_MODELS}/... or --model aidreams260k): {c}")
     run_documented(binary, cmds)
 
 
@@ -188,7 +206,7 @@ def check_docs_cuda(binary):
     """docs_cuda (ctest label gpu): every documented `--device cuda` command runs and exits 0 on a GPU machine, its
     --json file records the device; exit 77 (skipped) where the CUDA engine cannot run (the reason is printed)."""
     if not model_args():
-        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        print(f"note: {shipped_model.MISSING_REASON}: skipped")
         return 77
     if not os.path.exists(binary):  # scripts/gpu-ci builds the library and GPU tests only, not the CLI
         print(f"skipped: the CLI is not built in this build directory ({binary}); scripts/gpu-build builds it")
@@ -203,13 +221,12 @@ def check_docs_cuda(binary):
 
 
 def run_documented(binary, cmds, check_json_device=False):
-    subst = {"M.bin": str(MODELS / "aidreams260K.bin"), "T.bin": str(MODELS / "aidreams260K.tok512.bin"),
-             "../shared/models": str(MODELS)}
+    subst = {"M.bin": str(shipped_model.MODEL), "T.bin": str(shipped_model.TOKENIZER)}
     with tempfile.TemporaryDirectory() as tmp:
         for cmd in cmds:
             argv = shlex.split(cmd)
             argv = [binary] + argv[1:]
-            argv = [subst.get(a, a.replace("../shared/models", str(MODELS))) for a in argv]
+            argv = [subst.get(a, a.replace(DOCS_MODELS, str(MODELS))) for a in argv]
             env = dict(os.environ, FLASHKV_MODELS_DIR=str(MODELS))
             t0 = time.time()
             r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
@@ -231,15 +248,12 @@ def run_documented(binary, cmds, check_json_device=False):
                 print(r.stdout[-1500:])
 
 
-def models_dir():
-    """The shipped model's folder (FLASHKV_MODELS_DIR, as the engine tests), or None when it is missing."""
-    d = Path(os.environ.get("FLASHKV_MODELS_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "models"))
-    return d if (d / "aidreams260K.bin").is_file() and (d / "aidreams260K.tok512.bin").is_file() else None
-
-
 def model_args():
-    d = models_dir()
-    return ["--model", str(d / "aidreams260K.bin"), "--tokenizer", str(d / "aidreams260K.tok512.bin")] if d else None
+    """--model / --tokenizer of the 260K model (tests/common/shipped_model.py, as the engine tests), or None when it is
+    missing."""
+    if not shipped_model.PRESENT:
+        return None
+    return ["--model", str(shipped_model.MODEL), "--tokenizer", str(shipped_model.TOKENIZER)]
 
 
 def expect_user_error(binary, args, name, env=None):
@@ -349,7 +363,7 @@ def check_output_paths(binary):
                 (["bench", "engine", *m, "--device", "gpu"], "device"),
             ]
         else:
-            print("note: shipped model not found (FLASHKV_MODELS_DIR): eval/demo/convert/generate cases skipped")
+            print(f"note: {shipped_model.MISSING_REASON}: eval/demo/convert/generate cases skipped")
         for args, name in cases:
             expect_user_error(binary, args, name)
         if m:  # --device cuda: one typed line (exit 2) where the build or the machine has no CUDA, else it runs
@@ -375,7 +389,7 @@ def check_eval_device(binary):
     fp32 cache and the JSON records the device and the reference."""
     m = model_args()
     if not m:
-        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        print(f"note: {shipped_model.MISSING_REASON}: skipped")
         return 77
     gpl = "/usr/share/common-licenses/GPL-3"
     ev = ["eval", *m, "--samples", "2", "--length", "24", "--no-progress"]
@@ -430,7 +444,7 @@ def check_memory_wording(binary):
     """Issue 10 item 9: `generate` and `kv-mem` report KV memory vs bf16 with one formula and one wording."""
     m = model_args()
     if not m:
-        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        print(f"note: {shipped_model.MISSING_REASON}: skipped")
         return 77
     for fmt in ("int8", "int4", "fp32"):
         g = run(binary, "generate", *m, "--steps", "4", "--temperature", "0", "--kv-cache", fmt, "--json")
@@ -454,7 +468,7 @@ def check_bench_batch(binary):
     refuses (= the page arithmetic), 'max' and 'does not fit' rows, an unsupported format reported, and typed errors."""
     m = model_args()
     if m is None:
-        print("note: shipped model not found (FLASHKV_MODELS_DIR): skipped")
+        print(f"note: {shipped_model.MISSING_REASON}: skipped")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "b.json"

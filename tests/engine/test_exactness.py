@@ -5,21 +5,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 import reference_llama as ref  # noqa: E402
+import shipped_model  # noqa: E402
 
 CLI = os.environ.get("FLASHKV_CLI", "flashkv")
-MODELS = os.environ.get("FLASHKV_MODELS_DIR",
-                        os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models"))
-MODEL = os.path.join(MODELS, "aidreams260K.bin")
-TOK = os.path.join(MODELS, "aidreams260K.tok512.bin")
-pytestmark = pytest.mark.skipif(
-    not (os.path.isfile(MODEL) and os.path.isfile(TOK)),
-    reason=f"shipped model not found in {MODELS!r}: set FLASHKV_MODELS_DIR (default ../shared/models)",
-)
+MODEL, TOK = str(shipped_model.MODEL), str(shipped_model.TOKENIZER)
+pytestmark = pytest.mark.skipif(not shipped_model.PRESENT, reason=shipped_model.MISSING_REASON)
 PROMPTS = ["", "The machine dreams of", "Echoes of light"]
 
 

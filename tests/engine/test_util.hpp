@@ -16,8 +16,9 @@
 
 namespace flashkv::test {
 
-/// ../shared/models relative to the source tree (FLASHKV_MODELS_DIR overrides).
-inline std::string model_dir() { return models_dir(FLASHKV_DEFAULT_MODELS_DIR); }
+/// The 260K test model's folder: flashkv::shipped_models_dir() (FLASHKV_MODELS_DIR, else models/aidreams260k where
+/// scripts/setup copies it, else ../shared/models beside the source tree).
+inline std::string model_dir() { return shipped_models_dir(); }
 inline std::string model_path() { return model_dir() + "/aidreams260K.bin"; }
 inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512.bin"; }
 
@@ -26,8 +27,8 @@ inline std::string tokenizer_path() { return model_dir() + "/aidreams260K.tok512
 inline std::string missing_models_reason() {
   for (const std::string& p : {model_path(), tokenizer_path()}) {
     if (!std::filesystem::is_regular_file(p)) {
-      return "shipped model file '" + p + "' not found: set FLASHKV_MODELS_DIR to the folder holding aidreams260K.bin "
-             "and aidreams260K.tok512.bin (default ../shared/models next to the source tree)";
+      return "shipped model file '" + p + "' not found: run scripts/setup (it copies aidreams260K.bin and "
+             "aidreams260K.tok512.bin into models/aidreams260k), or set FLASHKV_MODELS_DIR to the folder holding them";
     }
   }
   return "";

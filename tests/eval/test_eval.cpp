@@ -28,8 +28,8 @@ std::string tmp(const std::string& name) {
 }
 const Model& shipped() {
   static const LoadedModel lm =
-      load_model_with_tokenizer(models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.bin",
-                                models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.tok512.bin");
+      load_model_with_tokenizer(shipped_models_dir() + "/aidreams260K.bin",
+                                shipped_models_dir() + "/aidreams260K.tok512.bin");
   return lm.model;
 }
 }  // namespace

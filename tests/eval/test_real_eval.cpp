@@ -25,16 +25,16 @@ using namespace flashkv::eval;
 namespace {
 const LoadedModel& shipped() {
   static const LoadedModel lm =
-      load_model_with_tokenizer(models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.bin",
-                                models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.tok512.bin");
+      load_model_with_tokenizer(shipped_models_dir() + "/aidreams260K.bin",
+                                shipped_models_dir() + "/aidreams260K.tok512.bin");
   return lm;
 }
 /// The shipped weights with the context raised to 1024 tokens (RoPE is defined at every position), so that passkey
 /// prompts fit. Retrieval quality is meaningless here; the mechanics are what is tested.
 const LoadedModel& long_context() {
   static LoadedModel lm = [] {
-    LoadedModel l = load_model_with_tokenizer(models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.bin",
-                                              models_dir(FLASHKV_DEFAULT_MODELS_DIR) + "/aidreams260K.tok512.bin");
+    LoadedModel l = load_model_with_tokenizer(shipped_models_dir() + "/aidreams260K.bin",
+                                              shipped_models_dir() + "/aidreams260K.tok512.bin");
     l.model.config.seq_len = 1024;
     return l;
   }();

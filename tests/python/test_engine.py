@@ -2,12 +2,14 @@
 tokens and text as the CLI's `flashkv generate --json` for the same prompt, options and seed (greedy and sampled, fp32
 and quantized caches, llama2.c and GGUF), the stats, tokenize / detokenize, the seed stream, continuous batching
 (add / step / retire equals each request alone; CapacityError changes nothing), and every bad argument → its typed
-error. The model comes from FLASHKV_MODELS_DIR (default ../shared/models); the CLI from FLASHKV_CLI or the build tree
+error. The model comes from tests/common/shipped_model.py (FLASHKV_MODELS_DIR, else scripts/setup's
+models/aidreams260k, else ../shared/models); the CLI from FLASHKV_CLI or the build tree
 next to the library. The GPU variant is test_engine_cuda.py."""
 import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +18,11 @@ import pytest
 import flashkv
 from flashkv.__main__ import find_cli
 
-MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "models"))
-MODEL, TOK = MODELS / "aidreams260K.bin", MODELS / "aidreams260K.tok512.bin"
-pytestmark = pytest.mark.skipif(not (MODEL.is_file() and TOK.is_file()),
-                                reason=f"shipped model not found in {MODELS}: set FLASHKV_MODELS_DIR")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import shipped_model  # noqa: E402
+
+MODELS, MODEL, TOK = shipped_model.MODELS, shipped_model.MODEL, shipped_model.TOKENIZER
+pytestmark = pytest.mark.skipif(not shipped_model.PRESENT, reason=shipped_model.MISSING_REASON)
 PROMPTS = ["The machine", "Once upon a time, in a quiet lab", ""]
 
 
@@ -292,17 +295,19 @@ def test_closed_engine_raises():
 
 
 def test_documented_examples(tmp_path):
-    """docs/python.md's Engine section: the shell command prints the text its comment shows; the Python example runs."""
+    """docs/python.md's Engine section: the shell command prints the text its comment shows; the Python example runs
+    (its models/aidreams260k, where scripts/setup copies the model, = the folder the tests read it from)."""
     repo = Path(__file__).resolve().parents[2]
     doc = (repo / "docs" / "python.md").read_text()
     section = doc[doc.index("## Generation engine (`flashkv.Engine`)"):]
     section = section[: section.index("\n## ", 10)]
     bash = section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     cmd, want = bash[0], bash[1].removeprefix("# ")
+    assert "shared/models" not in section, "docs/python.md names ../shared/models (only a clone beside it has that)"
     env = dict(os.environ, PYTHONPATH=str(repo / "python"))
-    p = subprocess.run(cmd.replace("../shared/models", str(MODELS)).replace("python -c", "python3 -c"), shell=True,
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    p = subprocess.run(cmd.replace("python -c", "python3 -c"), shell=True, capture_output=True, text=True, timeout=120,
+                       env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.rstrip("\n") == want
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(example.replace("../shared/models", str(MODELS)), "docs/python.md", "exec"), {})
+    exec(compile(example.replace("models/aidreams260k", str(MODELS)), "docs/python.md", "exec"), {})

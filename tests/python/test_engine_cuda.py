@@ -6,17 +6,19 @@ stats, and the CUDA engine's typed refusals (fp32 / KIVI caches, a device index 
 Skipped (the file exits 77) without a CUDA device or with a library built without the CUDA backend; with both, an
 UnsupportedError (e.g. cuBLAS not found: set FLASHKV_CUBLAS or LD_LIBRARY_PATH) is a failure, not a skip.
 On the GPU machine: scripts/gpu-run engine (it sets FLASHKV_MODELS_DIR, FLASHKV_CUBLAS and FLASHKV_LIBRARY)."""
-import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import flashkv
 
-MODELS = Path(os.environ.get("FLASHKV_MODELS_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "models"))
-MODEL, TOK = MODELS / "aidreams260K.bin", MODELS / "aidreams260K.tok512.bin"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import shipped_model  # noqa: E402
+
+MODEL, TOK = shipped_model.MODEL, shipped_model.TOKENIZER
 
 
 def _gpu_present() -> bool:
@@ -28,8 +30,8 @@ def _gpu_present() -> bool:
 
 @pytest.fixture(scope="module")
 def gpu():
-    if not (MODEL.is_file() and TOK.is_file()):
-        pytest.skip(f"shipped model not found in {MODELS}: set FLASHKV_MODELS_DIR")
+    if not shipped_model.PRESENT:
+        pytest.skip(shipped_model.MISSING_REASON)
     try:
         e = flashkv.Engine(MODEL, TOK, device="cuda", max_sequences=4)
     except flashkv.UnsupportedError as err:
