@@ -179,12 +179,12 @@ def check_docs(binary):
     """Every documented command is a tested command: run each (placeholders M.bin / T.bin = the 260K model and
     tokenizer, models/aidreams260k = the folder holding them, scripts/flashkv = the built binary) in a temporary
     directory, so the files it writes land there. Commands that name a model that is not installed (SmolLM2 before
-    scripts/setup) are reported and skipped; the 260K model itself must be there (scripts/setup copies it). No command
-    may name ../shared/models (a path that only works in a clone placed beside the reference folder). The `--device
-    cuda` commands are docs_cuda's (run where a CUDA device is)."""
-    if not shipped_model.PRESENT:
-        expect(False, shipped_model.MISSING_REASON)
-        return 1
+    scripts/setup) are reported and skipped; without the 260K model itself the check is skipped (exit 77; CI's setup
+    requires it). No command may name ../shared/models (a path that only works in a clone placed beside the reference
+    folder). The `--device cuda` commands are docs_cuda's (run where a CUDA device is)."""
+    if not shipped_model.PRESENT:  # scripts/setup warned (CI: FLASHKV_REQUIRE_TEST_MODEL=1 made it an error)
+        print(f"skipped: {shipped_model.MISSING_REASON}")
+        return 77
     cmds = [c for c in documented_engine_commands() if not on_cuda(c)]
     expect(len(cmds) >= 8, f"found the documented commands ({len(cmds)})")
     for c in documented_engine_commands():
