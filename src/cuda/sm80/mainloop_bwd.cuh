@@ -79,12 +79,15 @@ struct BwdMainloop {
   /// measured per head dim on the H200 in the tuning harness against the previous release's kernel (16k tokens,
   /// seqlen 4096 / 16384, causal and not; bench/results/h200-2026-12-02-run8, calls 3-6): hd64 "23" 0.99-1.01x the
   /// previous release (both at 0: 0.94-0.98x), hd128 "01" 0.97-0.99x (0.93-0.95x); other head dims unchanged (0).
-#ifndef FLASHKV_TUNE_BWD_LOAD_AT  // the harness's override: two decimal digits per head dim 64 / 128 / 256
+  /// Measured on sm_90 (H200) only: the family also serves A100-class GPUs, where these points are not measured.
+#ifndef FLASHKV_TUNE_BWD_LOAD_AT
   static constexpr int kLoadAt = kHeadDim == 64 ? 23 : kHeadDim == 128 ? 1 : 0;
-#else
+#else  // the harness's override: two decimal digits for head dim 64, then 128, then the other head dims (96/192/256);
+       // write it without a leading zero (C reads 0... as octal): "230100", not "002301"
   static constexpr int kLoadAt = FLASHKV_TUNE_BWD_LOAD_AT / (kHeadDim == 64 ? 10000 : kHeadDim == 128 ? 100 : 1) % 100;
 #endif
   static constexpr int kQLoadAt = kLoadAt / 10, kDoLoadAt = kLoadAt % 10;
+  static_assert(kQLoadAt <= 3 && kDoLoadAt <= 3, "load points are 0..3: another digit would never issue the load");
   using TileQ = typename Cfg::TileQ;
   using TileK = typename Cfg::TileK;
   using TileP = typename Cfg::TileP;
