@@ -186,7 +186,9 @@ struct BwdLoads {
     q_copy.copy(sdO + buf * TileQ::kBytes, dout + m0 * p.dout_s.row, p.dout_s.row, rows);
     load_row_values<kBlockM>(sD + buf * kBlockM, dsum, m0, rows, 0.f);
   }
-  /// Query block m's Q, dO, lse and D into buffer `buf` (no commit).
+  /// Query block m's Q, dO, lse and D into buffer `buf` (no commit). Not written as load_q_part + load_do_part: this
+  /// order (Q, dO, then lse and D under one test) is the one the sm90 backward and the prologue were measured with;
+  /// the split order compiles to different code (SASS of the sm80 hd128 loop: +13 instructions).
   __device__ __forceinline__ void load_q_block(const BwdParams& p, const BwdBlock& blk, int m, int buf, uint32_t sQ,
                                                uint32_t sdO, float* sLse, float* sD) const {
     const int m0 = m * kBlockM;
