@@ -5,6 +5,7 @@
 //
 //   flashkv_bench_decode_quant --formats bf16,fp8_e4m3,int8,int4 --batches 1,16,64 --contexts 4096,32768
 //                              [--heads 32 --heads-kv 8 --head-dim 128 --page-size 64 --calls 30]
+//                              [--splits 0]   (num_splits of each plan, a list: 0 = the heuristic's; for sweeps)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -76,6 +77,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::vector<std::string> formats = {"bf16", "fp8_e4m3", "fp8_e4m3_dynamic", "int8", "int4"};
   std::vector<int64_t> batches = {1, 16, 64}, contexts = {4096, 32768};
+  std::vector<int64_t> splits_list = {0};
   int heads = 32, heads_kv = 8, head_dim = 128, page_size = 64, calls = 30;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     else if (k == "--head-dim") head_dim = std::stoi(v);
     else if (k == "--page-size") page_size = std::stoi(v);
     else if (k == "--calls") calls = std::stoi(v);
+    else if (k == "--splits") splits_list = ints();
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -163,7 +166,10 @@ int main(int argc, char** argv) {
           const auto qv = flashkv::TensorView::contiguous(q, flashkv::DType::bfloat16, {B, heads, head_dim}, flashkv::Device::cuda, 0);
           const auto ov = flashkv::TensorView::contiguous(out, flashkv::DType::bfloat16, {B, heads, head_dim}, flashkv::Device::cuda, 0);
           const std::span<const int64_t> sid(ids.data(), static_cast<size_t>(B));
-          flashkv::DecodePlan plan = flashkv::plan_decode(cache, sid, cu, heads, 0);
+          for (const int64_t want_splits : splits_list) {
+          flashkv::DecodeOptions dopt;
+          dopt.num_splits = static_cast<int32_t>(want_splits);
+          flashkv::DecodePlan plan = flashkv::plan_decode(cache, sid, cu, heads, 0, dopt);
           for (int w = 0; w < 3; ++w) flashkv::run_decode(cache, plan, 0, qv, ov, nullptr);
           std::vector<double> t;
           for (int c = 0; c < calls; ++c) {
@@ -183,6 +189,7 @@ int main(int argc, char** argv) {
                       fmt.c_str(), static_cast<long long>(B), static_cast<long long>(ctx), median(t),
                       *std::min_element(t.begin(), t.end()), kv_bytes, qo_bytes, plan.num_splits(), plan.path().c_str());
           std::fflush(stdout);
+          }
           cudaFree(q), cudaFree(out);
         }
       } catch (const std::exception& e) {

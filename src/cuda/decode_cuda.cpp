@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -130,8 +131,8 @@ int32_t choose_splits(const core::DecodeProblem& p, DecodeLaunch launch, int64_t
   if (p.num_splits > 0) return p.num_splits;
   const int64_t row_tiles = (p.max_seqlen_q * p.group_size() + 15) / 16;
   const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
-  return decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks,
-                           static_cast<int64_t>(num_sms()) * ctas_per_sm(launch, device));
+  return decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks, num_sms(), ctas_per_sm(launch, device),
+                           raw16_pages(p));
 }
 
 /// The 16-bit append of `p`'s k_new / v_new rows into its pages through `table` / `seqlens` (device).
@@ -174,7 +175,7 @@ class CudaDecodeWork final : public core::DecodeWork {
   int32_t device_ = 0;
   int32_t num_splits_ = 1;
   int64_t rows_ = 0;  ///< batch · num_heads · max_seqlen_q
-  std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_, head_scales_[2];
+  std::unique_ptr<DeviceBuffer> seqlens_, page_table_, cu_q_, o_accum_, lse_accum_, split_counters_, head_scales_[2];
   std::string path_;
 };
 
@@ -280,6 +281,11 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
     const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;
     o_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_ * dk) * 4, stream_);
     lse_accum_ = std::make_unique<DeviceBuffer>(static_cast<size_t>(num_splits_ * rows_) * 4, stream_);
+    if (decode_combine_mode() == DecodeCombine::fused) {  // one arrival count per split tile, zero between runs
+      const size_t n = static_cast<size_t>(p.batch * p.num_heads_kv * row_tiles);
+      split_counters_ = std::make_unique<DeviceBuffer>(n * 4, stream_);
+      check_cuda(cudaMemsetAsync(split_counters_->get(), 0, n * 4, stream_), "decode plan: zero split counters");
+    }
   }
   const std::string fmt = raw16 ? std::string() : std::string("k=") + kv.format_name[0] + " v=" + kv.format_name[1] + " ";
   path_ = std::string("kv_decode cuda split-kv sm80 ") + fmt + dtype_name(p.dtype) + " hdim" + str(p.head_dim) + " splits" +
@@ -288,6 +294,11 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                                   : std::string(" contiguous"));
   if (p.is_varlen && p.max_seqlen_q > 1) path_ += " varlen";
   if (p.k_new != nullptr) path_ += " append";
+  if (num_splits_ > 1) {
+    const int64_t dk = ke_ != nullptr ? ke_->head_dim : p.head_dim;
+    const DecodeCombine mode = decode_combine_mode();
+    path_ += mode == DecodeCombine::fused && fused_combine_fits(num_splits_, dk) ? " combine-fused" : " combine-kernel";
+  }
 }
 
 void CudaDecodeWork::run(const core::DecodeProblem& p) {
@@ -334,6 +345,7 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   d.softmax_scale_log2 = sc.softmax_scale_log2;
   d.o_accum = o_accum_ ? o_accum_->as<float>() : nullptr;
   d.lse_accum = lse_accum_ ? lse_accum_->as<float>() : nullptr;
+  d.split_counters = split_counters_ ? split_counters_->as<int32_t>() : nullptr;
   if (qe_ != nullptr) {
     d.k_meta = kv.pages[0].meta, d.v_meta = kv.pages[1].meta;
     d.k_meta_page = kv.pages[0].meta_page_stride, d.k_meta_head = kv.pages[0].meta_head_stride;
@@ -549,6 +561,17 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
                          "have no CUDA decode yet)");
 }
 
+DecodeCombine decode_combine_mode() {
+  static const DecodeCombine mode = [] {
+    const char* e = std::getenv("FLASHKV_DECODE_COMBINE");
+    if (e == nullptr || std::strcmp(e, "fused") == 0) return DecodeCombine::fused;
+    if (std::strcmp(e, "kernel") == 0) return DecodeCombine::kernel;
+    throw Error("FLASHKV_DECODE_COMBINE", "fused or kernel (how the split-KV decode merges its splits)",
+                std::string("'") + e + "'");
+  }();
+  return mode;
+}
+
 int32_t decode_l2_prefetch_blocks() {
   // read once; FLASHKV_DECODE_L2_PREFETCH=N (0..16 blocks, 0 = off) is a tuning knob of the packed-page decode. Off by
   // default: on the H200 every packed format decoded faster without it (run7 call 4, bench/results/h200-2026-12-01-run7:
@@ -567,19 +590,31 @@ int32_t decode_l2_prefetch_blocks() {
   return blocks;
 }
 
-int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t cta_slots) {
-  if (ctas >= static_cast<int64_t>(0.8 * static_cast<double>(cta_slots)) || num_key_blocks <= 4) return 1;
-  const int64_t max_splits = std::min<int64_t>({128, num_key_blocks, cta_slots});
+int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms, int64_t ctas_per_sm, bool pages16) {
+  if (num_key_blocks <= 4 || ctas <= 0) return 1;
+  // CTAs per SM the splits aim at (measured on the H200, run9 calls 1-2): one for 16-bit pages (a CTA's 3-stage ring
+  // of 32 KB stages keeps an SM's share of HBM busy; a second CTA on some SMs only unbalances them); packed pages all
+  // that fit (less in flight per CTA, more work per byte), but at most 2 while the batch is small (ctas <= SMs / 2:
+  // there the merge of many short splits costs more than a third CTA per SM gains).
+  const int64_t per_sm = pages16 ? 1 : (2 * ctas <= num_sms ? std::min<int64_t>(2, ctas_per_sm) : ctas_per_sm);
+  const int64_t slots = std::max<int64_t>(1, num_sms * std::max<int64_t>(1, per_sm));
+  const int64_t max_splits = std::min<int64_t>({128, num_key_blocks, std::max<int64_t>(slots, 1)});
+  auto eff = [&](int64_t s) {  // wave efficiency: busy share of the last wave's slots over all waves
+    const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
   double best = 0;
-  std::vector<double> eff(static_cast<size_t>(max_splits) + 1, 0.0);
+  for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, eff(s));
+  int64_t chosen = 1;
   for (int64_t s = 1; s <= max_splits; ++s) {
-    const double waves = static_cast<double>(ctas * s) / static_cast<double>(cta_slots);
-    eff[s] = waves / std::ceil(waves);
-    best = std::max(best, eff[s]);
+    if (eff(s) >= 0.95 * best) {
+      chosen = s;
+      break;
+    }
   }
-  for (int64_t s = 1; s <= max_splits; ++s)
-    if (eff[s] >= 0.85 * best) return static_cast<int32_t>(s);
-  return 1;
+  // the kernel gives each split ceil(blocks / splits) key blocks: drop the splits that would get none
+  const int64_t per_split = (num_key_blocks + chosen - 1) / chosen;
+  return static_cast<int32_t>((num_key_blocks + per_split - 1) / per_split);
 }
 
 }  // namespace flashkv::cuda

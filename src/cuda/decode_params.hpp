@@ -22,6 +22,13 @@ FLASHKV_HD constexpr int quant_meta_max(kv::KVScaling s, int64_t d) {
                                        : (s == kv::KVScaling::token_affine ? static_cast<int>((d >= 32 ? d / 32 : 1) * 4) : 0);
 }
 
+/// True when the fused split-KV combine of num_splits partials (common/decode_combine.cuh, combine_tile: 16 weights
+/// per split + 32 floats) fits in the warp-merge scratch of the decode kernel of head dim kHeadDim (4 warps x 16 rows x
+/// (kHeadDim + 2) floats, DecodeConfig::kCombineBytes); the combine kernel merges the others.
+FLASHKV_HD constexpr bool fused_combine_fits(int64_t num_splits, int64_t kHeadDim) {
+  return (num_splits * 16 + 32) <= 4 * 16 * (kHeadDim + 2);
+}
+
 struct DecodeParams {
   const void* q = nullptr;  ///< [batch, seqlen_q, num_heads, head_dim], or varlen [total_q, num_heads, head_dim]
   void* out = nullptr;      ///< like q
@@ -71,6 +78,15 @@ struct DecodeParams {
   int32_t l2_prefetch_blocks = 0;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
+  /// num_splits > 1, combine fused into the split kernel (DecodeCombine::fused): [batch, num_heads_kv · row tiles]
+  /// arrival counts, zero before a launch and left zero by it (the last CTA of each tile resets its count). The last
+  /// split CTA of a tile to arrive merges the tile's num_splits partials (decode_kernel.cuh, combine_tile); nullptr:
+  /// the separate combine kernel merges them.
+  int32_t* split_counters = nullptr;
+  /// Set by the launcher (sm80/decode_launch.cuh): the separate combine kernel (split_counters == nullptr, num_splits
+  /// > 1) is launched with programmatic dependent launch (the split kernel triggers it at its start; the combine waits
+  /// for the split kernel's completion with griddepcontrol.wait), where the device and stream allow it.
+  bool combine_pdl = false;
   /// Plan-time query: when set, the launcher writes the instantiation's resident CTAs per SM on the current device
   /// (cudaOccupancyMaxActiveBlocksPerMultiprocessor at its shared memory) here and launches nothing.
   int32_t* query_ctas_per_sm = nullptr;

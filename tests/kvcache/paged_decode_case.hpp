@@ -1,7 +1,7 @@
 // One paged-decode test case (flashkv::paged_decode over cache tensors) for any device: random pages (a shuffled page
 // table), cached lengths (0, a page boundary, random), optional append of the new tokens, GQA, softcap, sliding window
 // — checked against the float64 reference over the gathered keys (explicit mask) with the 2× naive-same-precision
-// rule, lse included, for num_splits 1 / auto / 7, and the pages after the append (only the new rows changed).
+// rule, lse included, for num_splits 1 / auto / 7 / 1024, and the pages after the append (only the new rows changed).
 // Used by the CPU tests (tests/kvcache/test_kv_decode_api.cpp) and the CUDA tests (tests/cuda/test_decode_cuda.cpp)
 // through a small Memory interface.
 #pragma once
@@ -322,8 +322,11 @@ inline void check_decode(const DecodeCase& c, Memory& mem) {
   const double naive_err = testing::max_abs_diff(ref.naive_out, ref.out);
   const double naive_lse_err = testing::max_abs_diff(ref.naive_lse, ref.lse);
   const Result one = run_case(s, mem, 1, true), autos = run_case(s, mem, 0, false), forced = run_case(s, mem, 7, false);
+  // 1024 splits (the most allowed; most of them empty): on CUDA more partials than the fused combine's shared memory
+  // holds below head_dim 256, so the separate combine kernel merges them (src/cuda/decode_params.hpp)
+  const Result many = run_case(s, mem, 1024, false);
   const int H = c.heads, S = c.seqlen_q;
-  for (const Result* r : {&one, &autos, &forced}) {
+  for (const Result* r : {&one, &autos, &forced, &many}) {
     const double err = testing::max_abs_diff(r->out, ref.out);
     EXPECT_LE(err, 2 * naive_err + 1e-5) << "decode out err " << err << " vs naive " << naive_err;
     double lse_err = 0;
@@ -343,6 +346,7 @@ inline void check_decode(const DecodeCase& c, Memory& mem) {
   }
   EXPECT_LE(testing::max_abs_diff(one.out, autos.out), naive_err + 1e-5) << "num_splits 1 vs auto differ";
   EXPECT_LE(testing::max_abs_diff(one.out, forced.out), naive_err + 1e-5) << "num_splits 1 vs 7 differ";
+  EXPECT_LE(testing::max_abs_diff(one.out, many.out), naive_err + 1e-5) << "num_splits 1 vs 1024 differ";
 }
 
 /// Classification of a value: 0 finite, 1 NaN, 2 +inf, 3 -inf.

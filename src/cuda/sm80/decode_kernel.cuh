@@ -6,7 +6,8 @@
 // packed into the 16-row mma tile (PackGQA), so each K/V byte is read once per kv head. Inside a CTA the 4 warps
 // split every 64-token K/V tile 4 ways (16 tokens each, own running max/sum/accumulator) and are merged at the end;
 // K/V tiles stream through a cp.async ring (3 stages; the KV source's Src::kStages). Each split writes a normalized partial output and its lse
-// (float32); decode_combine_kernel merges them. With num_splits == 1 the CTA writes the final output directly.
+// (float32); the last split CTA of a tile to arrive merges them, or the separate decode_combine_kernel does
+// (common/decode_combine.cuh). With num_splits == 1 the CTA writes the final output directly.
 //
 // Pages: the one page layout of kvcache/page_layout.hpp (a PagedKVCache layer, or a [num_pages, page_size, Hk, d]
 // tensor pair), addressed through DecodeParams' strides. The kernel is templated on where its K / V tiles come from
@@ -32,6 +33,7 @@
 
 #include "core/mask.hpp"
 #include "core/merge.hpp"
+#include "cuda/common/decode_combine.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
@@ -71,32 +73,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 __device__ __forceinline__ float quad_max_nan(float x) {
   x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-/// Queries and keys of sequence b (varlen or fixed queries; key count checked against the precondition).
-struct DecodeSeq {
-  int64_t q_row0;
-  int seqlen_q;
-  int seqlen_k;
-  bool broken;  ///< seqlens[b] breaks the host's precondition: NaN out / lse, nothing appended
-};
-__device__ __forceinline__ DecodeSeq decode_seq(const DecodeParams& p, int b) {
-  DecodeSeq s;
-  if (p.cu_seqlens_q != nullptr) {
-    s.q_row0 = p.cu_seqlens_q[b];
-    s.seqlen_q = static_cast<int>(p.cu_seqlens_q[b + 1] - s.q_row0);
-  } else {
-    s.q_row0 = 0;
-    s.seqlen_q = p.seqlen_q;
-  }
-  const int64_t cached = p.seqlens[b];
-  const int64_t n = cached + p.seqlen_add;
-  s.broken = cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || n > p.capacity;
-  s.seqlen_k = s.broken ? 0 : static_cast<int>(n);
-  return s;
-}
-__device__ __forceinline__ core::MaskRule decode_rule(const DecodeParams& p, const DecodeSeq& s) {
-  return core::MaskRule{s.seqlen_q, s.seqlen_k, p.window_left, p.causal ? 0 : -1};
 }
 
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
@@ -143,6 +119,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   using TileKV = typename Cfg::TileKV;
   extern __shared__ __align__(128) char smem[];
 
+  if (p.combine_pdl) grid_dependency_trigger();  // the separate combine's launch overlaps this kernel
   const int split = blockIdx.x;
   const int row_tiles = (p.rows_per_kv_head + 15) / 16;
   const int hk = blockIdx.y / row_tiles, rt = blockIdx.y % row_tiles;
@@ -506,6 +483,22 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       if (c == 0) p.lse_accum[row] = lse;
     }
   }
+  if (p.num_splits > 1 && p.split_counters != nullptr) {  // fused combine (common/decode_combine.cuh)
+    __shared__ int s_last;
+    __threadfence();  // this CTA's partials are visible device-wide before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int* count = p.split_counters + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
+      s_last = atomicAdd(count, 1) == p.num_splits - 1;
+      if (s_last) atomicExch(count, 0);  // every split has arrived: zero again for the next launch
+    }
+    __syncthreads();
+    if (s_last) {
+      __threadfence();
+      combine_tile<kHeadDim, T, kThreads>(p, sq, rule, b, hk, row0, rows, group,
+                                          reinterpret_cast<float*>(smem + TileQ::kBytes));
+    }
+  }
 }
 
 /// The split-KV kernel: 16-bit sources without a register cap (as it always was), capped sources
@@ -517,45 +510,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) decode_kernel(const DecodeParam
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::Src::kMinCtasPerSm) decode_kernel_capped(const DecodeParams p) {
   decode_body<Cfg, T>(p);
-}
-
-/// Merges the num_splits partial outputs (core/merge.hpp: the (m = lse_s, l = 1, acc = o_s) instance): one warp per
-/// (batch, head, query row).
-template <int kHeadDim, class T>
-__global__ void decode_combine_kernel(const DecodeParams p) {
-  const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
-  if (warp_id >= rows) return;
-  const int qi = static_cast<int>(warp_id % p.seqlen_q);
-  const int h = static_cast<int>((warp_id / p.seqlen_q) % p.num_heads);
-  const int b = static_cast<int>(warp_id / (static_cast<int64_t>(p.seqlen_q) * p.num_heads));
-  const DecodeSeq sq = decode_seq(p, b);
-  if (qi >= sq.seqlen_q) return;  // varlen: past this sequence's queries
-  float M = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) M = core::merge_max(M, p.lse_accum[s * rows + warp_id]);
-  constexpr int kPer = kHeadDim / 32;
-  float acc[kPer] = {};
-  float L = 0.f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float w = core::merge_weight(p.lse_accum[s * rows + warp_id], M);
-    L = core::merge_accumulate(L, w, 1.f);
-    const float* src = p.o_accum + (s * rows + warp_id) * kHeadDim;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) acc[i] = core::merge_accumulate(acc[i], w, src[lane + 32 * i]);
-  }
-  const core::MaskRule rule = decode_rule(p, sq);
-  const bool has_keys = rule.row_last(qi) > rule.row_first(qi);
-  float inv = core::merged_inv_sum(L, has_keys);
-  float lse = core::merged_lse(M, L, has_keys);
-  if (sq.broken) inv = lse = NAN;
-  T* og = static_cast<T*>(p.out) + b * p.out_batch + (sq.q_row0 + qi) * p.out_row + h * p.out_head;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = lane + 32 * i;
-    if (c < p.head_dim) og[c] = static_cast<T>(acc[i] * inv);
-  }
-  if (p.lse != nullptr && lane == 0) p.lse[b * p.lse_batch + h * p.lse_head + (sq.q_row0 + qi) * p.lse_row] = lse;
 }
 
 }  // namespace flashkv::cuda::sm80

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/check.hpp"
+#include "cuda/common/decode_combine.cuh"
 #include "cuda/sm80/decode_kernel.cuh"
+#include "cuda/util.hpp"
 
 namespace flashkv::cuda {
 
@@ -29,14 +31,28 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     *p.query_ctas_per_sm = n;
     return;
   }
-  const int row_tiles = (p.rows_per_kv_head + 15) / 16;
-  const dim3 grid(p.num_splits, p.num_heads_kv * row_tiles, p.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  DecodeParams d = p;
+  // the fused combine needs its weights in the kernel's shared memory (after the Q tile); else the combine kernel
+  static_assert(Cfg::kCombineBytes == 4 * 16 * (kHeadDim + 2) * 4, "fused_combine_fits' scratch size");
+  if (d.num_splits <= 1 || !fused_combine_fits(d.num_splits, kHeadDim)) d.split_counters = nullptr;
+  const bool combine_kernel = d.num_splits > 1 && d.split_counters == nullptr;
+  d.combine_pdl = combine_kernel && dependent_launch_ok(stream);
+  const int row_tiles = (d.rows_per_kv_head + 15) / 16;
+  const dim3 grid(d.num_splits, d.num_heads_kv * row_tiles, d.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d);
   check_cuda(cudaGetLastError(), "decode kernel launch");
-  if (p.num_splits > 1) {
-    const int64_t threads = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q * 32;
-    sm80::decode_combine_kernel<kHeadDim, T><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "decode combine launch");
+  if (combine_kernel) {
+    const int64_t threads = static_cast<int64_t>(d.batch) * d.num_heads * d.seqlen_q * 32;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>((threads + 255) / 256));
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = d.combine_pdl ? 1 : 0;
+    check_cuda(cudaLaunchKernelEx(&cfg, decode_combine_kernel<kHeadDim, T>, d), "decode combine launch");
   }
 }
 
