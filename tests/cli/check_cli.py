@@ -2,9 +2,9 @@
 """CLI checks run by ctest: `check_cli.py <flashkv binary> <check>`; prints 'N passed, M failed' and exits 1 on failure.
 
 checks: bench_json (tiny bench, JSON validated), explain (both explain commands), bad_args (exit 2 + one line),
-docs (every `flashkv ...` / `scripts/flashkv ...` command shown in docs/engine.md, and README.md's engine commands,
-runs and exits 0; docs_cuda: the `--device cuda` ones, on a GPU machine), eval_device (eval / eval passkey / demo
---device and --reference)."""
+docs (every `flashkv ...` / `scripts/flashkv ...` command shown in docs/engine.md and docs/eval.md, and README.md's
+engine commands, runs and exits 0; docs_cuda: the `--device cuda` ones, on a GPU machine), eval_device (eval / eval
+passkey / demo --device and --reference)."""
 import json
 import os
 import re
@@ -168,11 +168,12 @@ def on_cuda(cmd):
 
 def documented_engine_commands():
     # README.md: the engine / evaluation commands (the attention benchmark and `eval kv` examples take minutes on 2
-    # cores and have their own tests); docs/engine.md: every command.
+    # cores and have their own tests); docs/engine.md and docs/eval.md: every command.
     engine_cmds = ("demo", "generate", "eval", "convert", "chat", "bench engine")
     readme = [c for c in documented_commands(REPO / "README.md")
               if c.split(" ", 1)[1].startswith(engine_cmds) and not c.split(" ", 1)[1].startswith("eval kv")]
-    return list(dict.fromkeys(readme + documented_commands(REPO / "docs" / "engine.md")))  # each command once
+    docs = [c for f in ("engine.md", "eval.md") for c in documented_commands(REPO / "docs" / f)]
+    return list(dict.fromkeys(readme + docs))  # each command once
 
 
 def check_docs(binary):
