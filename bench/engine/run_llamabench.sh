@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench binary}"
-M=${MODEL:-models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
+M=${MODEL:-${FLASHKV_MODEL_HOME:-models}/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}  # where scripts/setup puts it
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 echo "["
 first=1

@@ -49,7 +49,9 @@ from _bench_util import sample_seconds  # noqa: E402
 from engine_bench_report import GiB, matrix_params, report  # noqa: E402
 
 FORMATS = "bf16,int4,int8,fp8_e4m3,int2_kivi"  # run order: the targets' formats first (time budgets)
-SMOLLM2_GGUF = REPO / "models" / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# where scripts/setup puts it (flashkv::fetched_models_dir(): $FLASHKV_MODEL_HOME, else <source>/models)
+SMOLLM2_GGUF = (Path(os.environ.get("FLASHKV_MODEL_HOME") or REPO / "models") / "smollm2-135m"
+                / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def log(*a):

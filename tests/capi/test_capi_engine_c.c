@@ -1,9 +1,10 @@
 /* The engine's C ABI (include/flashkv/flashkv_engine.h) from C11: the header compiles as C with -Wpedantic, and a
  * plain C caller creates an engine, generates greedy text, reads the stats, runs two batched requests and gets typed
  * errors. The thorough checks (equality with the C++ engine and the CLI, every bad argument) are test_capi_engine.cpp
- * and tests/python/test_engine.py. Model: $FLASHKV_MODELS_DIR, else the first of FLASHKV_SETUP_MODELS_DIR
- * (models/aidreams260k, where scripts/setup copies it) and FLASHKV_SHARED_MODELS_DIR (../shared/models) that holds it,
- * as flashkv::shipped_models_dir() (exit 77 = skipped when it is missing). Ends with "N passed, M failed"; exit code 1
+ * and tests/python/test_engine.py. Model: $FLASHKV_MODELS_DIR, else the first of $FLASHKV_MODEL_HOME/aidreams260k
+ * (FLASHKV_SOURCE_MODELS_DIR/aidreams260k = models/aidreams260k when it is unset: where scripts/setup copies it) and
+ * FLASHKV_SHARED_MODELS_DIR (../shared/models) that holds it, as flashkv::shipped_models_dir() (exit 77 = skipped when
+ * it is missing). Ends with "N passed, M failed"; exit code 1
  * on any failure. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +23,14 @@ static int model_in(const char* dir, char* model, size_t size) {
 
 int main(void) {
   const char* dir = getenv("FLASHKV_MODELS_DIR");
-  char model[4096], tok[4096];
+  const char* home = getenv("FLASHKV_MODEL_HOME"); /* flashkv::fetched_models_dir() */
+  char model[4096], tok[4096], setup_dir[3072]; /* shorter: its file names fit in model / tok */
+  snprintf(setup_dir, sizeof setup_dir, "%s/aidreams260k",
+           home != NULL && home[0] != '\0' ? home : FLASHKV_SOURCE_MODELS_DIR);
   if (dir == NULL || dir[0] == '\0')
-    dir = model_in(FLASHKV_SETUP_MODELS_DIR, model, sizeof model) ? FLASHKV_SETUP_MODELS_DIR
+    dir = model_in(setup_dir, model, sizeof model)                   ? setup_dir
           : model_in(FLASHKV_SHARED_MODELS_DIR, model, sizeof model) ? FLASHKV_SHARED_MODELS_DIR
-                                                                     : FLASHKV_SETUP_MODELS_DIR;
+                                                                     : setup_dir;
   snprintf(tok, sizeof tok, "%s/aidreams260K.tok512.bin", dir);
   if (!model_in(dir, model, sizeof model)) {
     printf("skipped: %s not found (run scripts/setup, or set FLASHKV_MODELS_DIR)\n", model);

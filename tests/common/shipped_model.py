@@ -1,7 +1,8 @@
 """Where the Python tests find the 260K llama2.c test model (aidreams260K.bin + aidreams260K.tok512.bin), in the order
 of flashkv::shipped_models_dir() (src/engine/model_registry.cpp), so that a test and the CLI or library it drives read
-the same files: $FLASHKV_MODELS_DIR if set; else the first folder holding aidreams260K.bin of <repo>/models/aidreams260k
-(scripts/setup copies them there; $FLASHKV_MODEL_HOME/aidreams260k when that is set) and <repo>/../shared/models (the reference folder beside a clone); else the former.
+the same files: $FLASHKV_MODELS_DIR if set; else the first folder holding aidreams260K.bin of
+$FLASHKV_MODEL_HOME/aidreams260k (<repo>/models/aidreams260k when that is unset or empty: scripts/setup copies them
+there) and <repo>/../shared/models (the reference folder beside a clone); else the former.
 Import it with `sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))`."""
 import os
 from pathlib import Path
@@ -27,4 +28,4 @@ MODELS = models_dir()
 MODEL, TOKENIZER = MODELS / MODEL_FILE, MODELS / TOKENIZER_FILE
 PRESENT = holds_model(MODELS)
 MISSING_REASON = (f"the 260K test model is not in {MODELS}: run scripts/setup (it copies {MODEL_FILE} and "
-                  f"{TOKENIZER_FILE} into models/aidreams260k), or set FLASHKV_MODELS_DIR to the folder holding them")
+                  f"{TOKENIZER_FILE} into {SETUP_DIR}), or set FLASHKV_MODELS_DIR to the folder holding them")

@@ -31,7 +31,8 @@ import reference_gguf as ref  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-MODEL = os.path.join(os.environ.get("FLASHKV_MODEL_HOME", os.path.join(ROOT, "models")), "smollm2-135m",
+# flashkv::fetched_models_dir(): $FLASHKV_MODEL_HOME when set and not empty, else <source>/models (scripts/setup)
+MODEL = os.path.join(os.environ.get("FLASHKV_MODEL_HOME") or os.path.join(ROOT, "models"), "smollm2-135m",
                      "SmolLM2-135M-Instruct.Q4_1.gguf")
 LONG_TEXT = "/usr/share/common-licenses/GPL-3"
 

@@ -14,8 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import gguf_spec as spec  # noqa: E402
 
 CLI = os.environ.get("FLASHKV_CLI", "flashkv")
-SMOLLM2 = os.path.join(os.environ.get("FLASHKV_MODEL_HOME", os.path.join(os.path.dirname(__file__), "..", "..", "models")),
-                       "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# flashkv::fetched_models_dir(): $FLASHKV_MODEL_HOME when set and not empty, else <source>/models (scripts/setup)
+MODEL_HOME = os.environ.get("FLASHKV_MODEL_HOME") or os.path.join(os.path.dirname(__file__), "..", "..", "models")
+SMOLLM2 = os.path.join(MODEL_HOME, "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SEED = int(os.environ.get("FLASHKV_TEST_SEED", np.random.SeedSequence().entropy % (2**32)))
 print(f"[flashkv] FLASHKV_TEST_SEED={SEED}")
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]

@@ -29,7 +29,7 @@ def run_cli(*args, timeout=120):
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "demo.json"
-    # No time bound here: speed is a benchmark (docs/engine.md), not a test on a shared machine (85 s seen under load).
+    # No time bound here: speed is a benchmark (docs/eval.md), not a test on a shared machine (85 s seen under load).
     p = run_cli("demo", "--model", MODEL, "--tokenizer", TOK, "--json", str(out), timeout=600)
     assert p.returncode == 0, p.stderr
     return p.stdout, json.loads(out.read_text())
