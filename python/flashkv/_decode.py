@@ -2,7 +2,7 @@
 semantics in include/flashkv/decode.hpp): CUDA tensors run the CUDA kernels, CPU arrays / tensors the CPU decode.
 
 Algorithm: the keys of each sequence are split into ``num_splits`` chunks processed by separate thread blocks, each
-producing a partial output and its log-sum-exp, which a combine kernel merges exactly (Dao et al. 2023,
+producing a partial output and its log-sum-exp, merged exactly (on CUDA by the last block of each tile to finish) (Dao et al. 2023,
 "Flash-Decoding for long-context inference"; FlashAttention-3's split-KV with the query heads of one KV head packed
 into one tile, "PackGQA"). The result is exact attention, equal to ``flashkv.attention`` on the gathered keys up to
 float32 rounding.
@@ -101,7 +101,7 @@ def paged_decode(
         * softmax_scale defaults to 1/sqrt(head_dim); softcap > 0 applies softcap * tanh(score / softcap).
         * GQA/MQA: num_heads a multiple of num_heads_kv; the query heads of one KV head are processed together.
         * window_size_left = W >= 0: query at position p sees keys j in [p - W, p] only (sliding window).
-        * num_splits: 0 = heuristic (FlashAttention-3's on CUDA: split only when batch x kv heads leaves SMs idle),
+        * num_splits: 0 = heuristic (CUDA: a wave model after FlashAttention-3's, src/cuda/decode_splits.hpp),
           1 = no split, n = n splits (<= 1024). Any choice gives the same result up to rounding (CUDA: each split
           rounds its P to 16 bits for the P·V MMA, a difference at the 16-bit computation's own error level).
         * Non-finite inputs (include/flashkv/decode.hpp): a NaN / inf score of a visible key makes that row's out and

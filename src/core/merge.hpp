@@ -1,6 +1,6 @@
 // The ONE merge of partial softmax states (split-KV / flash-decoding; Dao, Haziza, Massa, Sizov 2023; FlashAttention-3
 // split-KV combine), for the host and the device: the CPU KV attention (src/kvcache/attention/run.cpp) merges its
-// per-split (m, l, acc) and the CUDA combine kernel (src/cuda/sm80/decode_kernel.cuh) its per-split normalized
+// per-split (m, l, acc) and the CUDA split combine (src/cuda/common/decode_combine.cuh) its per-split normalized
 // (o_s, lse_s) — the latter is the (m = lse_s, l = 1, acc = o_s) instance — with these functions.
 //
 // For one query row with partial states s (running max m_s in natural-log units, sum l_s = Σ exp(score − m_s), and

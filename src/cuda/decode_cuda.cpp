@@ -20,6 +20,7 @@
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
 #include "cuda/decode_quant.hpp"
+#include "cuda/decode_splits.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/util.hpp"
 #include "flashkv/error.hpp"
@@ -275,6 +276,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                                cudaMemcpyHostToDevice, stream_),
                "decode plan: upload cu_seqlens_q");
   }
+  (void)decode_combine_mode();  // FLASHKV_DECODE_COMBINE checked at the first plan, whether or not it splits
   num_splits_ = choose_splits(p, launch_, max_k, device_);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (num_splits_ > 1) {
@@ -588,33 +590,6 @@ int32_t decode_l2_prefetch_blocks() {
     return static_cast<int32_t>(v);
   }();
   return blocks;
-}
-
-int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms, int64_t ctas_per_sm, bool pages16) {
-  if (num_key_blocks <= 4 || ctas <= 0) return 1;
-  // CTAs per SM the splits aim at (measured on the H200, run9 calls 1-2): one for 16-bit pages (a CTA's 3-stage ring
-  // of 32 KB stages keeps an SM's share of HBM busy; a second CTA on some SMs only unbalances them); packed pages all
-  // that fit (less in flight per CTA, more work per byte), but at most 2 while the batch is small (ctas <= SMs / 2:
-  // there the merge of many short splits costs more than a third CTA per SM gains).
-  const int64_t per_sm = pages16 ? 1 : (2 * ctas <= num_sms ? std::min<int64_t>(2, ctas_per_sm) : ctas_per_sm);
-  const int64_t slots = std::max<int64_t>(1, num_sms * std::max<int64_t>(1, per_sm));
-  const int64_t max_splits = std::min<int64_t>({128, num_key_blocks, std::max<int64_t>(slots, 1)});
-  auto eff = [&](int64_t s) {  // wave efficiency: busy share of the last wave's slots over all waves
-    const double waves = static_cast<double>(ctas * s) / static_cast<double>(slots);
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, eff(s));
-  int64_t chosen = 1;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    if (eff(s) >= 0.95 * best) {
-      chosen = s;
-      break;
-    }
-  }
-  // the kernel gives each split ceil(blocks / splits) key blocks: drop the splits that would get none
-  const int64_t per_split = (num_key_blocks + chosen - 1) / chosen;
-  return static_cast<int32_t>((num_key_blocks + per_split - 1) / per_split);
 }
 
 }  // namespace flashkv::cuda

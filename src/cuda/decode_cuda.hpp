@@ -16,13 +16,7 @@
 
 namespace flashkv::cuda {
 
-/// num_splits heuristic (after FlashAttention-3's heuristics.h, retuned on the H200, bench/results/h200-2026-12-02-run9):
-/// `ctas` = batch x kv heads x 16-row query tiles, `num_key_blocks` = 64-key blocks of the longest sequence. 1 for
-/// <= 4 key blocks; else the smallest split count whose wave efficiency (CTAs / (waves x slots)) is within 95% of the
-/// best, up to min(128, key blocks), over slots = num_sms x CTAs per SM — 1 for 16-bit pages (`pages16`), else
-/// `ctas_per_sm` (the kernel's occupancy), at most 2 while 2·ctas <= num_sms — then lowered to the number of splits
-/// that get key blocks (the kernel gives each ceil(blocks / splits)).
-int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms, int64_t ctas_per_sm, bool pages16);
+/// The num_splits heuristic: decode_num_splits in cuda/decode_splits.hpp (header-only, tested on the CPU).
 
 /// Key blocks the quantized decode prefetches into L2 ahead of its cp.async ring (DecodeParams::l2_prefetch_blocks):
 /// 0 (off; it measured slower on the H200), or FLASHKV_DECODE_L2_PREFETCH=N (0..16), read once. Error naming the
@@ -30,8 +24,8 @@ int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms,
 int32_t decode_l2_prefetch_blocks();
 
 /// How the split-KV partials are merged (common/decode_combine.cuh): `fused` — the last split CTA of each tile merges
-/// them inside the split kernel (the default; on the H200 1–13 µs faster per decode call than `kernel` at batch 1,
-/// run9 call 1); `kernel` — a separate combine kernel, launched with programmatic dependent launch where the device
+/// them inside the split kernel (the default; on the H200 1–30 µs faster per decode call than `kernel` at batch 1,
+/// more with more splits, run9 call 1); `kernel` — a separate combine kernel, launched with programmatic dependent launch where the device
 /// and stream allow it (sm_90+, outside graph capture); also what merges more splits than the fused merge's shared
 /// memory holds (decode_params.hpp, fused_combine_fits). FLASHKV_DECODE_COMBINE=fused|kernel, read once (a tuning
 /// knob: both give the same values up to float32 summation order); Error naming the variable for any other value.

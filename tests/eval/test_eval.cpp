@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -132,7 +133,11 @@ TEST(Replay, DeterministicAndBatchIndependent) {
   EXPECT_EQ(a.tokens, 120);
   Replay one = replay(m, int4, seqs, 1);
   Metrics diff = compare(a, one, seqs, m.config.vocab_size);
-  EXPECT_LT(diff.mean_kl, 1e-9);
+  // Batched (3 rows per GEMM) and one-sequence replays differ only in float32 summation order where the BLAS kernel
+  // blocks by the row count (OpenBLAS with OPENBLAS_CORETYPE=Haswell: mean KL 1.15e-9 here, SkylakeX kernels less); an
+  // int4 code may then round the other way. A batching bug (a wrong row, a shared cache slot) gives KL >> 1e-6.
+  std::printf("batched vs one-by-one replay: mean KL %.3g, top-1 %.4f\n", diff.mean_kl, diff.top1);
+  EXPECT_LT(diff.mean_kl, 1e-8);
   EXPECT_EQ(diff.top1, 1.0);
   EXPECT_THROW(sample_sequences(m, 0, 10, 1), Error);
   EXPECT_THROW(sample_sequences(m, 1, 129, 1), Error);

@@ -187,7 +187,7 @@ def flash_attn_with_kvcache(
     Capacity (max_pages * page_size, or seqlen_cache): lengths past it raise flashkv.CapacityError before anything is
     written when cache_seqlens is an int or on the CPU; a CUDA cache_seqlens tensor is not read back (no host
     synchronization, as flash_attn): the kernels check it on the device and a sequence past the capacity gets NaN out
-    and lse, nothing written past its pages. num_splits: 0 = heuristic, 1 = no split, n <= 256 splits (CUDA)."""
+    and lse, nothing written past its pages. num_splits: 0 = heuristic, 1 = no split, n <= 1024 splits."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _need_tensor(x, name)
     left, right, softcap, softmax_scale = _common(0.0, window_size, softcap, alibi_slopes, softmax_scale)

@@ -1,4 +1,4 @@
-// Host launchers of the split-KV decode kernel and its combine kernel (decode_kernel.cuh), one per KV source
+// Host launchers of the split-KV decode kernel (decode_kernel.cuh) and its combine kernel (common/decode_combine.cuh), one per KV source
 // (decode_kv_source.cuh): run_decode for 16-bit pages of the query dtype, run_decode_quant for packed pages of one
 // (KVCode, KVScaling) pair per half. Instantiated by the generated decode_*.cu / decode_quant_*.cu files
 // (src/cuda/generate_instantiations.py).
@@ -36,7 +36,12 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   static_assert(Cfg::kCombineBytes == 4 * 16 * (kHeadDim + 2) * 4, "fused_combine_fits' scratch size");
   if (d.num_splits <= 1 || !fused_combine_fits(d.num_splits, kHeadDim)) d.split_counters = nullptr;
   const bool combine_kernel = d.num_splits > 1 && d.split_counters == nullptr;
-  d.combine_pdl = combine_kernel && dependent_launch_ok(stream);
+  // PDL only where the combine kernel's image has griddepcontrol.wait (sm_90 code, not sm_80 PTX JIT-compiled)
+  static const bool combine_has_wait = [] {
+    cudaFuncAttributes a = {};
+    return cudaFuncGetAttributes(&a, decode_combine_kernel<kHeadDim, T>) == cudaSuccess && a.binaryVersion >= 90;
+  }();
+  d.combine_pdl = combine_kernel && combine_has_wait && dependent_launch_ok(stream);
   const int row_tiles = (d.rows_per_kv_head + 15) / 16;
   const dim3 grid(d.num_splits, d.num_heads_kv * row_tiles, d.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(d);
