@@ -244,18 +244,21 @@ class PagedKVCache {
   /// cache without windows, KIVI keys or rotation; see DEVICE CACHES). Quantize-on-write;
   /// appending N tokens at once gives the same contents as N single appends.
   /// Errors (cache unchanged after any of them): Error 'seq_id' (unknown), 'layer' (out of range), 'k'/'v' (shape,
-  /// non-finite values), TypeError (dtype, device); CapacityError when a fixed-size pool lacks the
-  /// pages this append needs (naming the pages needed and free) or memory for a growing pool runs out.
+  /// non-finite values, or |x| > 65504 where the format stores fp16; the message names the element), TypeError (dtype,
+  /// device); CapacityError when a fixed-size pool lacks the pages this append needs (naming the pages needed and free)
+  /// or memory for a growing pool runs out. "Unchanged" is every cached row, length, page list and the free list; a
+  /// device append checks the values inside its one write launch, so after a value Error the slots past the lengths
+  /// (which nothing reads and the next append overwrites) may hold the rejected call's rows.
   void append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v);
 
   /// Batched append: k, v [batch, n_tokens, num_heads_kv, head_dim] (dtypes, devices and strides as append(); the last
   /// dim contiguous): block b is appended to sequence seq_ids[b] (batch = seq_ids.size(), distinct registered ids).
   /// The cache ends up byte for byte as after append(seq_ids[b], layer, k[b], v[b]) for b = 0, 1, ... in order (the
   /// same pages, codes and metadata). A device cache (no windows, KIVI keys or rotation) fed CUDA k / v writes all the
-  /// blocks with one page-table upload and one kernel launch (the values checked on the device first); otherwise the
-  /// blocks are appended in turn. Errors as append(), plus Error 'seq_ids' (unknown or repeated id, or a count other
-  /// than k.shape[0]); every check — ids, shapes, values, the pages all blocks need — comes before anything is
-  /// modified (the cache is unchanged after any error).
+  /// blocks with one page-table upload and one kernel launch (the values checked inside it); otherwise the blocks are
+  /// appended in turn. Errors as append(), plus Error 'seq_ids' (unknown or repeated id, or a count other than
+  /// k.shape[0]); every check — ids, shapes, values, the pages all blocks need — comes before anything observable is
+  /// modified (the cache is unchanged after any error, in append()'s sense).
   void append(std::span<const int64_t> seq_ids, int32_t layer, const TensorView& k, const TensorView& v);
 
   /// Tokens cached for `seq_id` in `layer`. Error for unknown sequence / layer.

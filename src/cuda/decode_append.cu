@@ -41,6 +41,7 @@ __global__ void append_kv_kernel(const AppendParams p, int64_t total) {
 void append_kv(const AppendParams& p, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(p.batch) * p.seqlen_new * p.num_heads_kv * p.head_dim;
   if (total == 0) return;
+  if (append_kv_vec(p, stream)) return;
   const int64_t blocks = (total + 255) / 256;
   append_kv_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(p, total);
   check_cuda(cudaGetLastError(), "append_kv launch");

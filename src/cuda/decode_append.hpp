@@ -57,18 +57,20 @@ struct QuantAppendParams {
   const int32_t* seqlens = nullptr;  ///< [batch] tokens already cached, on the device
   int32_t batch = 0, seqlen_new = 0, num_heads_kv = 0, head_dim = 0;
   int64_t capacity = 0;
-  /// Value check first (quant_append_check): per half the smallest flat index (b, i, h, c) of a non-finite value, or
-  /// of |x| > 65504 where the half stores fp16 (codes or scale / min); UINT64_MAX when none. Device [2].
+  /// Non-null: the values are checked while they are encoded (the same rule as the CPU cache: non-finite, or |x| >
+  /// 65504 where the half stores fp16 — codes or scale / min): per half the smallest flat (b, i, h, c) index of a bad
+  /// value is atomicMin'ed into bad[half] (device [2], UINT64_MAX-initialized by the caller) and that row is not
+  /// written. One launch, no synchronization (also inside a CUDA graph).
   unsigned long long* bad = nullptr;
-  /// true: no separate check — quant_append itself checks each row (the same rule), atomicMin's the smallest bad flat
-  /// index into `bad` (initialized by the caller) and does not write that row (for callers that cannot synchronize
-  /// between the check and the write, e.g. inside a CUDA graph).
-  bool inline_check = false;
 };
 
-/// Writes p.bad[half] (see QuantAppendParams::bad); asynchronous.
-void quant_append_check(const QuantAppendParams& p, cudaStream_t stream);
-/// Encodes and writes the rows (one thread per row and half); asynchronous.
+/// Encodes and writes the rows; asynchronous. The vector kernel (decode_append_vec.cu) where the shape allows it, else
+/// one warp per row (fp8, integer codes with groups of >= 16 channels) or one thread per row (everything else).
 void quant_append(const QuantAppendParams& p, cudaStream_t stream);
+
+/// The vector kernels of decode_append_vec.cu: false (nothing launched) where the shape, strides or alignment do not
+/// allow 16-byte loads of 8 channels per lane (the callers then use the general kernels).
+bool append_kv_vec(const AppendParams& p, cudaStream_t stream);
+bool quant_append_vec(const QuantAppendParams& p, cudaStream_t stream);
 
 }  // namespace flashkv::cuda

@@ -1,4 +1,5 @@
-// Quantize-on-write append of a device PagedKVCache (decode_append.hpp): the value check and the encode kernels. The
+// Quantize-on-write append of a device PagedKVCache (decode_append.hpp): the general encode kernels (the vector kernel
+// of decode_append_vec.cu takes the shapes it can first), each checking the values it encodes when p.bad is set. The
 // codes and metadata are those of the CPU codec bit for bit, from the same float rows (bf16 / fp16 / float32 inputs
 // convert exactly) and the same trait functions (format/traits.hpp; nvcc compiles them without contraction across
 // their roundings: the divisions and reciprocals are IEEE, no fast-math flags in this target):
@@ -41,22 +42,6 @@ __device__ __forceinline__ bool bad_value(float x, const kv::KVHalfFormat& f) {
   return !isfinite(x) || (needs_fp16_range(f) && fabsf(x) > 65504.0f);
 }
 
-__global__ void quant_append_check_kernel(const QuantAppendParams p, int64_t total) {
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int half = static_cast<int>(idx / (total / 2));
-    const int64_t flat = idx % (total / 2);  // (b, i, h, c) row-major
-    const int c = static_cast<int>(flat % p.head_dim);
-    const int h = static_cast<int>((flat / p.head_dim) % p.num_heads_kv);
-    const int i = static_cast<int>((flat / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv)) % p.seqlen_new);
-    const int b = static_cast<int>(flat / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv * p.seqlen_new));
-    const int64_t off = half == 0 ? b * p.kn_batch + i * p.kn_row + h * p.kn_head + c
-                                  : b * p.vn_batch + i * p.vn_row + h * p.vn_head + c;
-    const float x = load_in(half == 0 ? p.k_new : p.v_new, p.dtype, off);
-    if (bad_value(x, p.format[half])) atomicMin(&p.bad[half], static_cast<unsigned long long>(flat));
-  }
-}
-
 __global__ void quant_append_kernel(const QuantAppendParams p, int64_t rows) {
   float x[kMaxHeadDim];
   uint8_t tmp[kMaxHeadDim];
@@ -72,7 +57,7 @@ __global__ void quant_append_kernel(const QuantAppendParams p, int64_t rows) {
                                   : b * p.vn_batch + i * p.vn_row + h * p.vn_head;
     const void* in = half == 0 ? p.k_new : p.v_new;
     for (int c = 0; c < p.head_dim; ++c) x[c] = load_in(in, p.dtype, src + c);
-    if (p.inline_check) {
+    if (p.bad != nullptr) {
       int bad_c = -1;
       for (int c = p.head_dim - 1; c >= 0; --c)
         if (bad_value(x[c], p.format[half])) bad_c = c;
@@ -141,7 +126,7 @@ __global__ void quant_append_warp_kernel(const QuantAppendParams p, int64_t rows
     float x[E];
 #pragma unroll
     for (int k = 0; k < E; ++k) x[k] = load_in(in, p.dtype, src + lane + 32 * k);
-    if (p.inline_check) {  // the row's smallest bad channel, over the warp (uniform skip)
+    if (p.bad != nullptr) {  // the row's smallest bad channel, over the warp (uniform skip)
       unsigned bad_c = 0xffffffffu;
 #pragma unroll
       for (int k = E - 1; k >= 0; --k)
@@ -229,17 +214,10 @@ unsigned grid_for(int64_t total, int threads) {
 
 }  // namespace
 
-void quant_append_check(const QuantAppendParams& p, cudaStream_t stream) {
-  const int64_t total = 2 * static_cast<int64_t>(p.batch) * p.seqlen_new * p.num_heads_kv * p.head_dim;
-  check_cuda(cudaMemsetAsync(p.bad, 0xFF, 2 * sizeof(unsigned long long), stream), "quant append check init");
-  if (total == 0) return;
-  quant_append_check_kernel<<<grid_for(total, 256), 256, 0, stream>>>(p, total);
-  check_cuda(cudaGetLastError(), "quant_append_check launch");
-}
-
 void quant_append(const QuantAppendParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_new * p.num_heads_kv;
   if (rows == 0) return;
+  if (quant_append_vec(p, stream)) return;
   const int e = p.head_dim / 32;
   if (warp_encodable(p.format[0], p.head_dim) && warp_encodable(p.format[1], p.head_dim) && (e == 2 || e == 4 || e == 8)) {
     const unsigned grid = grid_for(2 * rows, kWarpsPerBlock);

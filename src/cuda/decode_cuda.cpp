@@ -398,18 +398,15 @@ QuantAppendParams quant_params(const core::DecodeProblem& p, std::unique_ptr<Dev
   return a;
 }
 
-/// The value check of an append (quant_append_check: non-finite, or beyond fp16 where a half stores fp16): a typed
-/// error naming k / v, the value and its index, before anything is written. Synchronizes `stream`.
-void check_values_or_throw(const core::DecodeProblem& p, cudaStream_t stream) {
+/// The first bad value an inline-checked append found (decode_append.hpp: `bad` = the smallest flat (b, i, h, c) index
+/// per half, UINT64_MAX when none), as a typed Error naming k / v, the value and its index. Synchronizes `stream`. The
+/// rows of an append that throws may have been written into their slots, past the sequences' lengths (which the
+/// caller does not advance): unreadable by any decode, overwritten by the next append.
+void throw_if_bad(const core::DecodeProblem& p, const unsigned long long* bad, cudaStream_t stream) {
   const core::DecodeKV& kv = p.kv;
-  std::unique_ptr<DeviceBuffer> scales[2];
-  QuantAppendParams a = quant_params(p, scales, stream);
-  DeviceBuffer bad(2 * sizeof(unsigned long long), stream);
-  a.bad = bad.as<unsigned long long>();
-  quant_append_check(a, stream);
   unsigned long long first[2];
-  check_cuda(cudaMemcpyAsync(first, a.bad, sizeof(first), cudaMemcpyDeviceToHost, stream), "KV append check");
-  check_cuda(cudaStreamSynchronize(stream), "KV append check");
+  check_cuda(cudaMemcpyAsync(first, bad, sizeof(first), cudaMemcpyDeviceToHost, stream), "KV append check");
+  check_cuda(cudaStreamSynchronize(stream), "KV cache append");
   for (int half = 0; half < 2; ++half) {
     if (first[half] == ~0ull) continue;
     const int64_t flat = static_cast<int64_t>(first[half]), d = p.head_dim, hk = p.num_heads_kv;
@@ -434,16 +431,24 @@ void check_values_or_throw(const core::DecodeProblem& p, cudaStream_t stream) {
   }
 }
 
-/// Quantize-on-write append (decode_append_quant.cu): values checked on the device first (check_values_or_throw),
-/// then encoded by the format trait.
+/// A device [2] buffer of UINT64_MAX: the smallest bad flat index per half of an inline-checked append.
+std::unique_ptr<DeviceBuffer> bad_slots(cudaStream_t stream) {
+  auto bad = std::make_unique<DeviceBuffer>(2 * sizeof(unsigned long long), stream);
+  check_cuda(cudaMemsetAsync(bad->get(), 0xFF, 2 * sizeof(unsigned long long), stream), "KV append check init");
+  return bad;
+}
+
+/// Quantize-on-write append (decode_append_quant.cu): one launch that encodes the rows by the format trait and checks
+/// their values on the way (a row with a bad value is not encoded), then the check's verdict (throw_if_bad).
 void quant_append_hook(const core::DecodeProblem& p) {
   DeviceGuard guard(p.device_index);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  check_values_or_throw(p, stream);
   std::unique_ptr<DeviceBuffer> scales[2];
-  const QuantAppendParams a = quant_params(p, scales, stream);
+  QuantAppendParams a = quant_params(p, scales, stream);
+  const std::unique_ptr<DeviceBuffer> bad = bad_slots(stream);
+  a.bad = bad->as<unsigned long long>();
   quant_append(a, stream);
-  check_cuda(cudaStreamSynchronize(stream), "KV cache append");
+  throw_if_bad(p, a.bad, stream);
 }
 
 /// The engine step's append (core::DecodeBackend::append_step): one launch for the whole batch, values checked inside
@@ -467,7 +472,6 @@ void append_step_hook(const core::DecodeProblem& p, unsigned long long* bad) {
   std::unique_ptr<DeviceBuffer> none[2];
   QuantAppendParams a = quant_params(p, none, stream);
   a.bad = bad;
-  a.inline_check = true;
   quant_append(a, stream);
 }
 
@@ -489,10 +493,13 @@ void append_hook(const core::DecodeProblem& p) {
     return;
   }
   DeviceGuard guard(p.device_index);
-  check_values_or_throw(p, static_cast<cudaStream_t>(p.stream));  // non-finite rows: an Error, nothing written
-  CudaDecodeWork w(p);  // checks: 16-bit pages of the rows' dtype, alignment
-  w.run(p);             // max_seqlen_q rows to append; no queries (num_heads 0)
-  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(p.stream)), "KV cache append");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch == 0 || p.seqlen_q == 0) return;
+  AppendParams a = append16_params(p, p.kv.page_table, p.kv.seqlens);  // one copy launch, values checked inside
+  const std::unique_ptr<DeviceBuffer> bad = bad_slots(stream);
+  a.bad = bad->as<unsigned long long>();
+  append_kv(a, stream);
+  throw_if_bad(p, a.bad, stream);  // non-finite rows: an Error, the lengths not advanced
 }
 
 void* alloc_hook(size_t bytes, int32_t device) {

@@ -1,9 +1,11 @@
 // Batched device appends (issue 14; label gpu): the K / V of several sequences written into a device PagedKVCache by
 // one launch per layer must leave the cache byte for byte as the per-sequence appends in the same order do — code and
 // metadata pools, page lists, lengths, free list (tests/kvcache/kv_bytes.hpp) — for the 16-bit copy and every
-// quantize-on-write path (warp encode at head_dim 64 / 128, one thread per row at head_dim 80 and for a 16-bit half),
+// quantize-on-write path (the vector kernel at head_dim 64 / 128, one thread per row at head_dim 80 and for a 16-bit
+// half; the warp kernel at head_dim 96 in the float32 / strided test),
 // over rounds that cross page boundaries and batch orders that are not sorted:
-//   * the public batched PagedKVCache::append (one page-table upload, values checked first);
+//   * the public batched PagedKVCache::append (one page-table upload, values checked inside the write launch: an Error
+//     keeps every cached row, the lengths and the pages), also from float32 and strided device rows vs the CPU codec;
 //   * the engine's step API (kvcache/api/cache_step.hpp: step_reserve, host tables uploaded once, step_append per layer
 //     with the in-kernel value check, step_commit), also captured in a CUDA graph and replayed for later rounds;
 //   * the in-kernel check: a non-finite value's flat index is reported for its half, its row is not encoded in packed
@@ -221,29 +223,92 @@ TEST(CudaKVStep, InKernelCheckFlagsTheFirstBadValueAndSkipsOnlyItsRow) {
   }
 }
 
-TEST(CudaKVStep, PublicBatchedAppendRejectsNonFiniteValuesBeforeWriting) {
-  const StepCase sc{"int4", 64};
-  const KVCacheConfig cfg = config_of(sc, 16);
-  PagedKVCache c(cfg);
-  const std::vector<int64_t> ids = {0, 1};
-  for (int64_t id : ids) c.add_sequence(id);
-  std::mt19937_64 g(test_seed() + 16);
-  const int64_t B = 2, n = 3, H = cfg.num_heads_kv, d = cfg.head_dim;
-  std::vector<uint16_t> kh = random16(g, static_cast<size_t>(B * n * H * d), static_cast<int>(d), DType::bfloat16);
-  DevBuf k(kh.size() * 2), v(kh.size() * 2);
-  k.upload(kh), v.upload(kh);
-  c.append(ids, 0, dev4(k.p, DType::bfloat16, B, n, H, d), dev4(v.p, DType::bfloat16, B, n, H, d));
-  const kvtest::CacheBytes before = kvtest::cache_bytes(c);
-  kh[static_cast<size_t>((1 * n + 2) * H * d + 7)] = 0x7f80;  // +inf in sequence row 1
-  v.upload(kh);
-  try {
-    c.append(ids, 0, dev4(k.p, DType::bfloat16, B, n, H, d), dev4(v.p, DType::bfloat16, B, n, H, d));
-    ADD_FAILURE() << "inf accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "v") << e.what();
+/// The public batched append checks the values inside its one write launch: a bad value is an Error naming the half
+/// and the value's [b, i, h, c], the lengths, pages, free list and every cached row stay as they were (the rejected
+/// rows may sit in slots past the lengths: not readable, visible_cache_bytes leaves them out), and the next append
+/// leaves the cache exactly as if the rejected one had never happened.
+TEST(CudaKVStep, PublicBatchedAppendRejectsNonFiniteValuesAndKeepsEveryCachedRow) {
+  for (const StepCase& sc : {StepCase{"int4", 64}, StepCase{"bf16", 64}, StepCase{"fp8_e4m3_dynamic", 128},
+                             StepCase{"int8", 128}, StepCase{"int8", 80}}) {
+    const KVCacheConfig cfg = config_of(sc, 16);
+    const DType dt = rows_dtype(cfg);
+    PagedKVCache c(cfg), ref(cfg);
+    const std::vector<int64_t> ids = {0, 1};
+    for (int64_t id : ids) c.add_sequence(id), ref.add_sequence(id);
+    std::mt19937_64 g(test_seed() + 16);
+    const int64_t B = 2, n = 3, H = cfg.num_heads_kv, d = cfg.head_dim;
+    std::vector<uint16_t> kh = random16(g, static_cast<size_t>(B * n * H * d), static_cast<int>(d), dt);
+    const std::vector<uint16_t> kh2 = random16(g, kh.size(), static_cast<int>(d), dt);
+    DevBuf k(kh.size() * 2), v(kh.size() * 2), k2(kh.size() * 2);
+    k.upload(kh), v.upload(kh), k2.upload(kh2);
+    const TensorView k4 = dev4(k.p, dt, B, n, H, d), v4 = dev4(v.p, dt, B, n, H, d), k24 = dev4(k2.p, dt, B, n, H, d);
+    c.append(ids, 0, k4, v4), ref.append(ids, 0, k4, v4);
+    const kvtest::CacheBytes before = kvtest::visible_cache_bytes(c);
+    std::vector<uint16_t> bad = kh;
+    bad[static_cast<size_t>((1 * n + 2) * H * d + 7)] = dt == DType::float16 ? 0x7c00 : 0x7f80;  // +inf: [1, 2, 0, 7]
+    DevBuf vb(bad.size() * 2);
+    vb.upload(bad);
+    try {
+      c.append(ids, 0, k4, dev4(vb.p, dt, B, n, H, d));
+      ADD_FAILURE() << sc.fmt << ": inf accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "v") << e.what();
+      EXPECT_NE(std::string(e.what()).find("[1, 2, 0, 7]"), std::string::npos) << e.what();
+    }
+    const kvtest::CacheBytes after = kvtest::visible_cache_bytes(c);
+    EXPECT_TRUE(after == before) << sc.fmt << ": the rejected append changed the cache: " << after.diff(before);
+    c.append(ids, 0, k24, v4), ref.append(ids, 0, k24, v4);
+    const kvtest::CacheBytes got = kvtest::visible_cache_bytes(c), want = kvtest::visible_cache_bytes(ref);
+    EXPECT_TRUE(got == want) << sc.fmt << ": the append after a rejected one differs: " << got.diff(want);
   }
-  const kvtest::CacheBytes after = kvtest::cache_bytes(c);
-  EXPECT_TRUE(after == before) << "the rejected append changed the cache: " << after.diff(before);
+}
+
+/// float32 device rows (the vector kernel's 32-byte loads) and rows whose strides rule out 16-byte loads (the general
+/// kernels) give the CPU codec's codes, metadata and 16-bit copies byte for byte: the same appends into a host cache.
+TEST(CudaKVStep, Float32AndStridedDeviceRowsEqualTheCpuCodec) {
+  for (const StepCase& sc : {StepCase{"int4", 128}, StepCase{"int4_g32", 64}, StepCase{"int8", 64},
+                             StepCase{"fp8_e4m3_dynamic", 128}, StepCase{"fp8_e4m3", 64}, StepCase{"bf16", 128},
+                             StepCase{"int8", 96}, StepCase{"fp8_e4m3_dynamic", 96}}) {
+    KVCacheConfig dcfg = config_of(sc, 16), hcfg = dcfg;
+    hcfg.device = Device::cpu;
+    const bool sixteen = std::string(sc.fmt) == "bf16";
+    for (int layout = 0; layout < 2; ++layout) {  // 0: float32 contiguous (16-bit caches: skipped), 1: bf16, padded rows
+      if (layout == 0 && sixteen) continue;
+      PagedKVCache dev(dcfg), host(hcfg);
+      dev.add_sequence(0), host.add_sequence(0);
+      std::mt19937_64 g(test_seed() + 17 + static_cast<uint64_t>(layout));
+      const int64_t n = 37, H = dcfg.num_heads_kv, d = dcfg.head_dim, pad = layout == 1 ? 4 : 0;
+      const int64_t row = H * d + pad;  // elements between tokens
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> kf(static_cast<size_t>(n * row)), vf(kf.size());
+      for (size_t i = 0; i < kf.size(); ++i) {
+        // bf16-representable values, so that the host (float32) and device (bf16) rows are the same numbers
+        kf[i] = bf16_to_float(float_to_bf16(nd(g) + 0.03f * static_cast<float>(i % d)));
+        vf[i] = bf16_to_float(float_to_bf16(nd(g)));
+      }
+      std::vector<float> kc, vc;  // the logical [n, H, d] rows for the host cache
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t e = 0; e < H * d; ++e) kc.push_back(kf[static_cast<size_t>(t * row + e)]), vc.push_back(vf[static_cast<size_t>(t * row + e)]);
+      host.append(0, 0, TensorView::contiguous(kc.data(), DType::float32, {n, H, d}),
+                  TensorView::contiguous(vc.data(), DType::float32, {n, H, d}));
+      const DType dt = layout == 0 ? DType::float32 : DType::bfloat16;
+      const size_t es = layout == 0 ? 4 : 2;
+      DevBuf dk(kf.size() * es), dv(vf.size() * es);
+      if (layout == 0) {
+        dk.upload(kf), dv.upload(vf);
+      } else {
+        std::vector<uint16_t> kb(kf.size()), vb(vf.size());
+        for (size_t i = 0; i < kf.size(); ++i) kb[i] = float_to_bf16(kf[i]), vb[i] = float_to_bf16(vf[i]);
+        dk.upload(kb), dv.upload(vb);
+      }
+      TensorView kt = dev3(dk.p, dt, n, H, d), vt = dev3(dv.p, dt, n, H, d);
+      kt.strides[0] = row, vt.strides[0] = row;
+      dev.append(0, 0, kt, vt);
+      const kvtest::CacheBytes got = kvtest::visible_cache_bytes(dev), want = kvtest::visible_cache_bytes(host);
+      EXPECT_TRUE(got == want) << sc.fmt << (layout == 0 ? " float32 rows" : " bf16 rows, row stride H d + 4") << ": "
+                               << got.diff(want);
+    }
+  }
 }
 
 }  // namespace flashkv::cudatest

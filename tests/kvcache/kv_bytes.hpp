@@ -3,6 +3,7 @@
 // library's internal kv::CacheAccess).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -66,6 +67,39 @@ inline CacheBytes cache_bytes(const flashkv::PagedKVCache& c) {
   }
   b.free_list = m.free_list;
   return b;
+}
+
+/// cache_bytes with every code and metadata byte that no cached token owns set to 0: what a reader of the cache can
+/// observe (decode reads slots < nq of each sequence's pages, and the metadata units holding them). A device append
+/// that throws on a bad value may leave its other rows in the slots past the lengths (kvcache.md, "Appends"); those
+/// bytes are not compared here.
+inline CacheBytes visible_cache_bytes(const flashkv::PagedKVCache& c) {
+  const flashkv::PagedKVCache::Impl& m = flashkv::kv::CacheAccess::impl(c);
+  CacheBytes all = cache_bytes(c);
+  CacheBytes v = all;
+  std::fill(v.codes.begin(), v.codes.end(), uint8_t{0});
+  std::fill(v.meta.begin(), v.meta.end(), uint8_t{0});
+  const int32_t P = m.cfg.page_size;
+  for (const auto& [id, s] : m.seqs) {
+    for (int32_t layer = 0; layer < m.cfg.num_layers; ++layer) {
+      const int64_t nq = s.nq[static_cast<size_t>(layer)];
+      for (int64_t t = 0; t < nq; ++t) {
+        const int32_t page = s.pages[static_cast<size_t>(t / P)], slot = static_cast<int32_t>(t % P);
+        for (int half = 0; half < 2; ++half) {
+          const flashkv::kv::KVHalfFormat& f = m.codec(half).format();
+          for (int32_t h = 0; h < m.cfg.num_heads_kv; ++h) {
+            const int64_t co = m.geom.code_offset(page, layer, half, h, slot);
+            std::copy_n(all.codes.begin() + co, m.geom.code_bytes[half], v.codes.begin() + co);
+            if (m.geom.meta_bytes_per_page_head[half] > 0) {
+              const int64_t mo = m.geom.meta_offset(page, layer, half, h) + f.meta_offset(slot);
+              std::copy_n(all.meta.begin() + mo, f.meta_bytes_per_unit, v.meta.begin() + mo);
+            }
+          }
+        }
+      }
+    }
+  }
+  return v;
 }
 
 }  // namespace kvtest
