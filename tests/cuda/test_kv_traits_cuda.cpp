@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,24 @@ std::vector<T> host_copy(const T* p, size_t n) {
   cudaDeviceSynchronize();
   cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
   return h;
+}
+
+// The device's hardware conversions (fp8 e4m3 / e5m2 with saturation, fp16 rounded down / up) are the portable
+// definitions' function on every non-NaN float: all 2^32 bit patterns, so the codes the device append writes do not
+// depend on which form ran.
+TEST(CudaKVTraits, HardwareConversionsEqualThePortableOnesOnEveryFloat) {
+  unsigned long long mismatches[4] = {};
+  uint32_t first[4] = {};
+  bool hardware = false;
+  flashkv::cudatest::conversions_vs_portable(mismatches, first, hardware);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const char* names[4] = {"float_to_fp8_bits e4m3", "float_to_fp8_bits e5m2", "fp16_bits_round_down",
+                          "fp16_bits_round_up"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(mismatches[i], 0ull) << names[i] << ": first differing float bits 0x" << std::hex << first[i];
+  }
+  std::printf("[kv-traits] hardware fp8 path %s; %llu / %llu / %llu / %llu mismatches over 2^32 floats\n",
+              hardware ? "on (sm_89+)" : "off", mismatches[0], mismatches[1], mismatches[2], mismatches[3]);
 }
 
 TEST(CudaKVTraits, DeviceEncodeAndDequantMatchTheHostBitForBit) {

@@ -91,16 +91,47 @@ FLASHKV_HD float bf16_bits_to_float(uint16_t h) { return flashkv::bf16_to_float(
 FLASHKV_HD uint16_t float_to_bf16_bits(float f) { return flashkv::float_to_bf16(f); }
 FLASHKV_HD float fp16_bits_to_float(uint16_t h) { return flashkv::fp16_to_float(h); }
 FLASHKV_HD uint16_t float_to_fp16_bits(float f) { return flashkv::float_to_fp16(f); }
-/// fp16 rounded toward −inf / +inf (finite x): min rounded down and scale rounded up keep the group covered.
-FLASHKV_HD uint16_t fp16_bits_round_down(float x) {
+/// fp16 rounded toward −inf / +inf (finite x): min rounded down and scale rounded up keep the group covered. The `_sw`
+/// forms are the portable definitions; the device uses the hardware's directed roundings (cvt.rm / cvt.rp.f16.f32),
+/// the same function on every non-NaN input (tests/cuda/test_kv_traits_cuda.cpp compares them over all 2^32 floats).
+FLASHKV_HD uint16_t fp16_bits_round_down_sw(float x) {
   uint16_t h = float_to_fp16_bits(x);
   if (fp16_bits_to_float(h) > x) h = h == 0x0000u ? 0x8001u : ((h & 0x8000u) ? h + 1 : h - 1);
   return h;
 }
-FLASHKV_HD uint16_t fp16_bits_round_up(float x) {
+FLASHKV_HD uint16_t fp16_bits_round_up_sw(float x) {
   uint16_t h = float_to_fp16_bits(x);
   if (fp16_bits_to_float(h) < x) h = h == 0x8000u ? 0x0001u : ((h & 0x8000u) ? h - 1 : h + 1);
   return h;
+}
+FLASHKV_HD uint16_t fp16_bits_round_down(float x) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rm.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+#else
+  return fp16_bits_round_down_sw(x);
+#endif
+}
+FLASHKV_HD uint16_t fp16_bits_round_up(float x) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rp.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+#else
+  return fp16_bits_round_up_sw(x);
+#endif
+}
+/// fp16 bits -> float for finite values (the metadata asym_params makes): exact either way; the device converts in
+/// hardware (cvt.f32.f16) instead of the portable bit manipulation (a loop for subnormals).
+FLASHKV_HD float fp16_finite_bits_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return fp16_bits_to_float(h);
+#endif
 }
 
 /// OCP FP8 parameters: E4M3FN (max 448, NaN = S.1111.111) or E5M2 (max 57344).
@@ -126,7 +157,10 @@ FLASHKV_HD float fp8_bits_to_float(uint8_t code, bool e4m3) {
   return (code & 0x80) ? -v : v;
 }
 /// float -> fp8 code, round to nearest even, saturating to ±max (finite x never gives NaN; NaN gives the NaN code).
-FLASHKV_HD uint8_t float_to_fp8_bits(float x, bool e4m3) {
+/// float_to_fp8_bits_sw is the portable definition; on sm_89+ the device converts in hardware
+/// (cvt.rn.satfinite.e4m3x2 / e5m2x2.f32), the same function on every non-NaN input (all 2^32 floats compared in
+/// tests/cuda/test_kv_traits_cuda.cpp; NaN gives a NaN code either way).
+FLASHKV_HD uint8_t float_to_fp8_bits_sw(float x, bool e4m3) {
   const Fp8Spec p = fp8_spec(e4m3);
   const uint32_t u = float_as_u32(x);
   const uint8_t sign = (u & 0x80000000u) ? 0x80 : 0x00;
@@ -145,6 +179,20 @@ FLASHKV_HD uint8_t float_to_fp8_bits(float x, bool e4m3) {
     code = ((e + p.bias) << p.m) + (q - (1 << p.m));
   }
   return static_cast<uint8_t>(sign | (code < p.max_code ? code : p.max_code));
+}
+
+FLASHKV_HD uint8_t float_to_fp8_bits(float x, bool e4m3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  if (e4m3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  }
+  return static_cast<uint8_t>(r & 0xffu);
+#else
+  return float_to_fp8_bits_sw(x, e4m3);
+#endif
 }
 
 // ---- one half's format ----------------------------------------------------------------------------------------------
@@ -325,9 +373,9 @@ struct KVHalfFormat {
   FLASHKV_HD static AsymParams asym_params(float mn, float mx, int32_t qmax) {
     AsymParams a;
     a.min_bits = fp16_bits_round_down(mn);
-    a.minf = fp16_bits_to_float(a.min_bits);
+    a.minf = fp16_finite_bits_to_float(a.min_bits);
     a.scale_bits = fp16_bits_round_up((mx - a.minf) / static_cast<float>(qmax));
-    const float scf = fp16_bits_to_float(a.scale_bits);
+    const float scf = fp16_finite_bits_to_float(a.scale_bits);
     a.inv = scf > 0.0f ? 1.0f / scf : 0.0f;
     return a;
   }
