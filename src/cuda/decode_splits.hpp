@@ -1,6 +1,7 @@
 // The CUDA split-KV decode's num_splits heuristic (host only, header-only so that the CPU tests check it:
 // tests/kvcache/test_kv_decode_splits.cpp). After FlashAttention-3's heuristics.h, retuned on the H200
-// (bench/results/h200-2026-12-02-run9, calls 1-2: num_splits swept at batch 1 / 4 / 16 / 64; checked at 2-64 in calls 5-6).
+// (bench/results/h200-2026-12-02-run9, calls 1-2: num_splits swept at batch 1 / 4 / 16 / 64; checked at 2-64 in calls 5-6;
+// the 16-bit pages' rule from batch 5 on refitted to bench/results/h200-2026-12-02-run10 call 1's sweep).
 #pragma once
 
 #include <algorithm>
@@ -12,25 +13,41 @@ namespace flashkv::cuda {
 /// Split count for `ctas` = batch x kv heads x 16-row query tiles CTAs over `num_key_blocks` 64-key blocks (the
 /// longest sequence's), on `num_sms` SMs that hold `ctas_per_sm` CTAs of the kernel (its occupancy); `pages16`: 16-bit
 /// pages (else packed ones). Rules, each from the H200 sweeps:
-///   - 1 for <= 4 key blocks or ctas <= 0; 1 for 16-bit pages once ctas >= num_sms (one CTA per SM already streams
-///     an SM's share of HBM: batch 16 x 8 kv heads ran fastest unsplit, 76 vs 80 us with 2 splits at 4k; batch 24 /
-///     32 / 64 unsplit: 0.98-1.03x cuDNN; batch 48 unsplit is 8% slower than with 2 splits, which this rule misses);
-///   - else the S in 1..min(128, key blocks, slots) that minimizes the modeled time
+///   - 1 for <= 4 key blocks or ctas <= 0;
+///   - packed pages, and 16-bit pages at 4 x ctas <= num_sms (batch <= 4 at 8 kv heads): the S in 1..min(128, key
+///     blocks, slots) that minimizes the modeled time
 ///       waves(S) x (key blocks / S + 4),   waves(S) = ceil(ctas x S / slots)
-///     (each wave of CTAs streams its key range; 4 blocks' worth of fixed cost per CTA: prologue, merge), the
-///     smallest S within 2% of the minimum; slots = num_sms x (1 for 16-bit pages; packed: ctas_per_sm, at most 2
-///     while 2 x ctas <= num_sms — at batch 1 a third CTA per SM gained less than the merge of more splits cost);
+///     (each wave of CTAs streams its key range; 4 blocks' worth of fixed cost per CTA: prologue, merge), the smallest
+///     S within 2% of the minimum; slots = num_sms x (1 for 16-bit pages — one CTA per SM streams an SM's share of HBM
+///     at batch 1: 16 splits at 8 kv heads —; packed: ctas_per_sm, at most 2 while 2 x ctas <= num_sms);
+///   - 16-bit pages from 4 x ctas > num_sms: slots = num_sms x min(2, ctas_per_sm) and the cost
+///       waves(S) x (ceil(key blocks / S) + 8) + S / 4
+///     (8 blocks of fixed cost per CTA, the last CTA's merge of S partials), the smallest S within 2% of the minimum:
+///     fitted to the bf16 sweep of run10 call 1 (batch 2-64 x splits 1-8 x 8k / 32k, 132 SMs, 2 CTAs per SM) together
+///     with run9 call 1 (batch 1): a wave that leaves SMs idle costs a whole wave, so batch 40 (320 CTAs = 1.2 waves)
+///     takes 3-4 splits (23% faster than unsplit) and batch 48 2 (8-11%); in-sample loss vs the best measured split
+///     count 0.5% on average, at most 3.8% (the rule before: 3.2%, at most 23%);
 ///   - then lowered to the number of splits that get key blocks (the kernel gives each ceil(blocks / splits)).
 inline int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms, int64_t ctas_per_sm,
                                  bool pages16) {
   if (num_key_blocks <= 4 || ctas <= 0 || num_sms <= 0) return 1;
-  if (pages16 && ctas >= num_sms) return 1;
   const int64_t occ = std::max<int64_t>(1, ctas_per_sm);
-  const int64_t per_sm = pages16 ? 1 : (2 * ctas <= num_sms ? std::min<int64_t>(2, occ) : occ);
-  const int64_t slots = num_sms * per_sm;
-  const int64_t max_splits = std::min<int64_t>({128, num_key_blocks, slots});
+  const bool wide16 = pages16 && 4 * ctas > num_sms;
+  int64_t slots = 0, max_splits = 0;
+  if (wide16) {
+    slots = num_sms * std::min<int64_t>(2, occ);
+    max_splits = std::min<int64_t>(128, num_key_blocks);
+  } else {
+    const int64_t per_sm = pages16 ? 1 : (2 * ctas <= num_sms ? std::min<int64_t>(2, occ) : occ);
+    slots = num_sms * per_sm;
+    max_splits = std::min<int64_t>({128, num_key_blocks, slots});
+  }
   auto cost = [&](int64_t s) {
     const double waves = std::ceil(static_cast<double>(ctas * s) / static_cast<double>(slots));
+    if (wide16) {
+      const double per = static_cast<double>((num_key_blocks + s - 1) / s);
+      return waves * (per + 8.0) + static_cast<double>(s) / 4.0;
+    }
     return waves * (static_cast<double>(num_key_blocks) / static_cast<double>(s) + 4.0);
   };
   double best = cost(1);
