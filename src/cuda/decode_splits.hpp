@@ -26,7 +26,9 @@ namespace flashkv::cuda {
 ///     fitted to the bf16 sweep of run10 call 1 (batch 2-64 x splits 1-8 x 8k / 32k, 132 SMs, 2 CTAs per SM) together
 ///     with run9 call 1 (batch 1): a wave that leaves SMs idle costs a whole wave, so batch 40 (320 CTAs = 1.2 waves)
 ///     takes 3-4 splits (23% faster than unsplit) and batch 48 2 (8-11%); in-sample loss vs the best measured split
-///     count 0.5% on average, at most 3.8% (the rule before: 3.2%, at most 23%);
+///     count 0.5% on average, at most 3.8% (the rule before: 3.2%, at most 23%); out of sample (run10 call 2, 16k
+///     tokens, batch 3-60): within 4.2% of the best, 1.2% on average (the rule before: up to 32% slower, batch 36);
+///     except one wave that covers >= 90% of the SMs over <= 128 key blocks, which stays unsplit;
 ///   - then lowered to the number of splits that get key blocks (the kernel gives each ceil(blocks / splits)).
 inline int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t num_sms, int64_t ctas_per_sm,
                                  bool pages16) {
@@ -36,6 +38,9 @@ inline int32_t decode_num_splits(int64_t ctas, int64_t num_key_blocks, int64_t n
   int64_t slots = 0, max_splits = 0;
   if (wide16) {
     slots = num_sms * std::min<int64_t>(2, occ);
+    // one wave that already covers (nearly) every SM, over <= 128 key blocks (8k tokens): unsplit (batch 16 at 4k /
+    // 8k: 4-6% faster than the 2 splits the cost below prefers; from 16k on splitting pays, run10 calls 1-2)
+    if (10 * ctas >= 9 * num_sms && ctas <= slots && num_key_blocks <= 128) return 1;
     max_splits = std::min<int64_t>(128, num_key_blocks);
   } else {
     const int64_t per_sm = pages16 ? 1 : (2 * ctas <= num_sms ? std::min<int64_t>(2, occ) : occ);
