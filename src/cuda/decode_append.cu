@@ -12,19 +12,8 @@ __global__ void append_kv_kernel(const AppendParams p, int64_t total) {
     const int hk = static_cast<int>((idx / p.head_dim) % p.num_heads_kv);
     const int i = static_cast<int>((idx / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv)) % p.seqlen_new);
     const int b = static_cast<int>(idx / (static_cast<int64_t>(p.head_dim) * p.num_heads_kv * p.seqlen_new));
-    const int64_t cached = p.seqlens[b];
-    if (cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || cached + p.seqlen_new > p.capacity) continue;
-    const int64_t pos = cached + i;
     int64_t kdst, vdst;
-    if (p.page_table != nullptr) {
-      const int64_t page = p.page_table[b * p.page_table_batch + (pos >> p.page_size_log2)];
-      const int64_t row = pos & ((1 << p.page_size_log2) - 1);
-      kdst = page * p.k_page + row * p.k_row;
-      vdst = page * p.v_page + row * p.v_row;
-    } else {
-      kdst = b * p.k_page + pos * p.k_row;
-      vdst = b * p.v_page + pos * p.v_row;
-    }
+    if (!append16_slot(p, b, i, kdst, vdst)) continue;
     const uint16_t kx = p.k_new[b * p.kn_batch + i * p.kn_row + hk * p.kn_head + c];
     const uint16_t vx = p.v_new[b * p.vn_batch + i * p.vn_row + hk * p.vn_head + c];
     if (p.bad != nullptr) {  // idx is the flat (b, i, h, c) index

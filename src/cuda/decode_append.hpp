@@ -31,6 +31,27 @@ struct AppendParams {
   uint16_t exp_mask = 0x7f80;  ///< the 16-bit type's exponent bits (bf16 0x7f80, fp16 0x7c00): all set = non-finite
 };
 
+#if defined(__CUDACC__)
+/// The slot of new row i of sequence b in 16-bit pages: k / v element offsets of its (page, row) — kv heads are added
+/// by the caller —, or false when the sequence is skipped (cached length negative, above the promise, or past the
+/// capacity with the new rows). Shared by the append kernels of decode_append.cu and decode_append_vec.cu.
+__device__ __forceinline__ bool append16_slot(const AppendParams& p, int b, int i, int64_t& kdst, int64_t& vdst) {
+  const int64_t cached = p.seqlens[b];
+  if (cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || cached + p.seqlen_new > p.capacity) return false;
+  const int64_t pos = cached + i;
+  if (p.page_table != nullptr) {
+    const int64_t page = p.page_table[b * p.page_table_batch + (pos >> p.page_size_log2)];
+    const int64_t row = pos & ((int64_t{1} << p.page_size_log2) - 1);
+    kdst = page * p.k_page + row * p.k_row;
+    vdst = page * p.v_page + row * p.v_row;
+  } else {
+    kdst = b * p.k_page + pos * p.k_row;
+    vdst = b * p.v_page + pos * p.v_row;
+  }
+  return true;
+}
+#endif
+
 /// Writes k_new / v_new at positions seqlens[b] + i; a sequence whose length breaks the precondition (negative,
 /// above the promise, or past the capacity with the new rows) is skipped as a whole — never clamped.
 void append_kv(const AppendParams& p, cudaStream_t stream);

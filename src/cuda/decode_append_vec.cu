@@ -56,19 +56,8 @@ __global__ void __launch_bounds__(kCopyThreads) append_kv_vec_kernel(const Appen
     const uint32_t tu = static_cast<uint32_t>(token);  // tokens < 2^31 (append_kv_vec): 32-bit division
     const uint32_t bu = p.seqlen_new == 1 ? tu : tu / static_cast<uint32_t>(p.seqlen_new);
     const int b = static_cast<int>(bu), i = static_cast<int>(tu - bu * static_cast<uint32_t>(p.seqlen_new));
-    const int64_t cached = p.seqlens[b];
-    if (cached < 0 || (p.promised_max > 0 && cached > p.promised_max) || cached + p.seqlen_new > p.capacity) continue;
-    const int64_t pos = cached + i;
     int64_t kdst, vdst;
-    if (p.page_table != nullptr) {
-      const int64_t page = p.page_table[b * p.page_table_batch + (pos >> p.page_size_log2)];
-      const int64_t row = pos & ((1 << p.page_size_log2) - 1);
-      kdst = page * p.k_page + row * p.k_row;
-      vdst = page * p.v_page + row * p.v_row;
-    } else {
-      kdst = b * p.k_page + pos * p.k_row;
-      vdst = b * p.v_page + pos * p.v_row;
-    }
+    if (!append16_slot(p, b, i, kdst, vdst)) continue;
     const uint4 kx = *reinterpret_cast<const uint4*>(p.k_new + b * p.kn_batch + i * p.kn_row + hk * p.kn_head + c);
     const uint4 vx = *reinterpret_cast<const uint4*>(p.v_new + b * p.vn_batch + i * p.vn_row + hk * p.vn_head + c);
     if (p.bad != nullptr) {
