@@ -248,7 +248,8 @@ class PagedKVCache {
   /// device); CapacityError when a fixed-size pool lacks the pages this append needs (naming the pages needed and free)
   /// or memory for a growing pool runs out. "Unchanged" is every cached row, length, page list and the free list; a
   /// device append checks the values inside its one write launch, so after a value Error the slots past the lengths
-  /// (which nothing reads and the next append overwrites) may hold the rejected call's rows.
+  /// (which nothing reads and the next append overwrites) may hold the rejected call's rows; pages it had taken go
+  /// back to the free list refilled with 0xFF.
   void append(int64_t seq_id, int32_t layer, const TensorView& k, const TensorView& v);
 
   /// Batched append: k, v [batch, n_tokens, num_heads_kv, head_dim] (dtypes, devices and strides as append(); the last

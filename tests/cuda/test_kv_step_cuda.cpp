@@ -257,6 +257,16 @@ TEST(CudaKVStep, PublicBatchedAppendRejectsNonFiniteValuesAndKeepsEveryCachedRow
     }
     const kvtest::CacheBytes after = kvtest::visible_cache_bytes(c);
     EXPECT_TRUE(after == before) << sc.fmt << ": the rejected append changed the cache: " << after.diff(before);
+    {  // the pages it had taken are back in the free list, refilled with 0xFF
+      const PagedKVCache::Impl& m = kv::CacheAccess::impl(c);
+      const kvtest::CacheBytes raw = kvtest::cache_bytes(c);
+      for (int32_t page : m.free_list) {
+        const int64_t pcb = m.geom.page_code_bytes(), off = page * pcb;
+        for (int64_t j = 0; j < pcb; ++j) {
+          ASSERT_EQ(raw.codes[static_cast<size_t>(off + j)], 0xFF) << sc.fmt << ": free page " << page << " byte " << j;
+        }
+      }
+    }
     c.append(ids, 0, k24, v4), ref.append(ids, 0, k24, v4);
     const kvtest::CacheBytes got = kvtest::visible_cache_bytes(c), want = kvtest::visible_cache_bytes(ref);
     EXPECT_TRUE(got == want) << sc.fmt << ": the append after a rejected one differs: " << got.diff(want);

@@ -93,10 +93,14 @@ void append_device_rows(PagedKVCache::Impl& m, std::span<const int64_t> seq_ids,
     while (static_cast<int64_t>(s.pages.size()) < need[static_cast<size_t>(b)]) m.take_page(s);
     stride = std::max<int64_t>(stride, static_cast<int64_t>(s.pages.size()));
   }
-  auto give_back = [&] {  // in reverse, so the free list is as before
+  auto give_back = [&] {  // in reverse, so the free list is as before; refilled with 0xFF (cache_impl.hpp: free pages
+                          // hold 0xFF), since the write launch may have put the rejected call's rows in them
     for (int64_t b = batch - 1; b >= 0; --b) {
       PagedKVCache::Impl::Seq& s = m.seqs.at(seq_ids[static_cast<size_t>(b)]);
       while (s.pages.size() > pages_before[static_cast<size_t>(b)]) {
+        const int64_t page = s.pages.back();
+        m.codes.fill(page * m.geom.page_code_bytes(), m.geom.page_code_bytes(), 0xFF);
+        m.meta.fill(page * m.geom.page_meta_bytes(), m.geom.page_meta_bytes(), 0xFF);
         m.free_list.push_back(s.pages.back());
         s.pages.pop_back();
       }
@@ -146,7 +150,8 @@ void append_device_rows(PagedKVCache::Impl& m, std::span<const int64_t> seq_ids,
     p.kv.seqlen_add = n_tokens;
     const core::DecodeBackend& be = core::require_decode_backend(Device::cuda);
     if (be.append == nullptr) throw UnsupportedError("flashkv: the CUDA backend has no KV append");
-    be.append(p);  // checks the values first (nothing written on an Error); synchronizes before `tables` is freed
+    be.append(p);  // values checked inside the write launch (an Error: rows may sit past the lengths and in the pages
+                   // given back, which are refilled); synchronizes before `tables` is freed
   } catch (...) {
     give_back();
     throw;
