@@ -519,10 +519,15 @@ void copy_hook(void* dst, const void* src, size_t bytes, int kind, int32_t devic
   DeviceGuard guard(device);
   const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : (kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
   check_cuda(cudaMemcpy(dst, src, bytes, k), "KV cache copy");
+  // Complete before returning: cudaMemcpy returns early for device-to-device copies and from pageable host memory,
+  // and the default stream does not order a caller's cudaStreamNonBlocking stream (kv::step_append), so a kernel there
+  // could otherwise run before a grown pool's copy (and read the old buffer after its cudaFree).
+  check_cuda(cudaStreamSynchronize(nullptr), "KV cache copy");
 }
 void fill_hook(void* p, int value, size_t bytes, int32_t device) {
   DeviceGuard guard(device);
   check_cuda(cudaMemset(p, value, bytes), "KV cache fill");
+  check_cuda(cudaStreamSynchronize(nullptr), "KV cache fill");  // cudaMemset is asynchronous: see copy_hook
 }
 bool available_hook() {
   int n = 0;

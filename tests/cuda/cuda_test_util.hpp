@@ -51,6 +51,7 @@ struct DevBuf {
   template <class U>
   void upload(const std::vector<U>& h) {
     cuda_ok(cudaMemcpy(p, h.data(), h.size() * sizeof(U), cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaStreamSynchronize(nullptr), "upload");  // from pageable memory cudaMemcpy may return before the DMA
   }
   template <class U>
   std::vector<U> download(size_t count) const {

@@ -41,6 +41,7 @@ struct CudaMemory final : decodetest::Memory {
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaStreamSynchronize(nullptr), "upload");
   }
   void download(void* dst, const void* src, size_t bytes) override {
     cuda_ok(cudaDeviceSynchronize(), "kernel");

@@ -344,9 +344,11 @@ inline void check_decode(const DecodeCase& c, Memory& mem) {
         }
     EXPECT_LE(lse_err, 2 * naive_lse_err + 1e-4) << "decode lse err " << lse_err << " vs naive " << naive_lse_err;
   }
-  EXPECT_LE(testing::max_abs_diff(one.out, autos.out), naive_err + 1e-5) << "num_splits 1 vs auto differ";
-  EXPECT_LE(testing::max_abs_diff(one.out, forced.out), naive_err + 1e-5) << "num_splits 1 vs 7 differ";
-  EXPECT_LE(testing::max_abs_diff(one.out, many.out), naive_err + 1e-5) << "num_splits 1 vs 1024 differ";
+  // Each result is rounded to the output dtype on its own, so two accurate ones may sit a full output ulp apart where
+  // the naive computation's error is half of one (run11 call 3: fp16 2.44e-4 vs naive 2.28e-4): 2x the naive error.
+  EXPECT_LE(testing::max_abs_diff(one.out, autos.out), 2 * naive_err + 1e-5) << "num_splits 1 vs auto differ";
+  EXPECT_LE(testing::max_abs_diff(one.out, forced.out), 2 * naive_err + 1e-5) << "num_splits 1 vs 7 differ";
+  EXPECT_LE(testing::max_abs_diff(one.out, many.out), 2 * naive_err + 1e-5) << "num_splits 1 vs 1024 differ";
 }
 
 /// Classification of a value: 0 finite, 1 NaN, 2 +inf, 3 -inf.

@@ -49,6 +49,7 @@ using engine_detail::Segment;
 DevMem upload_f32(const float* h, size_t n) {
   DevMem d(n * 4);
   check_cuda(cudaMemcpy(d.as<void>(), h, n * 4, cudaMemcpyHostToDevice), "engine: upload weights");
+  check_cuda(cudaStreamSynchronize(nullptr), "engine: upload weights");  // the DMA done before any stream reads it
   return d;
 }
 
@@ -69,6 +70,7 @@ DevMem upload_bf16(std::initializer_list<std::pair<const float*, size_t>> blocks
   }
   DevMem d(n * 2);
   check_cuda(cudaMemcpy(d.as<void>(), h.get(), n * 2, cudaMemcpyHostToDevice), "engine: upload weights");
+  check_cuda(cudaStreamSynchronize(nullptr), "engine: upload weights");  // the DMA done before any stream reads it
   return d;
 }
 
