@@ -16,8 +16,10 @@
 //                                             (each sequence's n_new queries attend over seqlens[b] + n_new keys,
 //                                             causal, bottom-right aligned);
 //   4. step_commit(cache, ids, n_new)         the host lengths advance by n_new in every layer.
-// Until step_commit the host lengths are the old ones: run nothing else on the cache in between. Device caches
-// without windows, KIVI keys or rotation only (UnsupportedError naming the cache otherwise); every sequence must have
+// Until step_commit the host lengths are the old ones: run nothing else on the cache in between. Host-side cache calls
+// that may grow or refill the pool (step_reserve, append, remove_sequence, copies) finish their own device work before
+// returning, but do not wait for kernels still in flight on the caller's stream: synchronize it first (the engine's
+// settle()). Device caches without windows, KIVI keys or rotation only (UnsupportedError naming the cache otherwise); every sequence must have
 // the same length in every layer (Error 'seq_ids').
 //
 // What a step plan depends on (and so what a captured graph is valid for): batch, n_new, num_heads, the q dtype, the
