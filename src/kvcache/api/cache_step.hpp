@@ -19,8 +19,8 @@
 // Until step_commit the host lengths are the old ones: run nothing else on the cache in between. Host-side cache calls
 // that may grow or refill the pool (step_reserve, append, remove_sequence, copies) finish their own device work before
 // returning, but do not wait for kernels still in flight on the caller's stream: synchronize it first (the engine's
-// settle()). Device caches without windows, KIVI keys or rotation only (UnsupportedError naming the cache otherwise); every sequence must have
-// the same length in every layer (Error 'seq_ids').
+// settle()). Device caches without windows, KIVI keys or rotation only (UnsupportedError naming the cache otherwise);
+// every sequence must have the same length in every layer (Error 'seq_ids').
 //
 // What a step plan depends on (and so what a captured graph is valid for): batch, n_new, num_heads, the q dtype, the
 // page table's stride (capacity = stride · page_size tokens per sequence) and the split count, which the heuristic
