@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kvcache/format/traits.hpp"
 
@@ -85,13 +86,19 @@ struct QuantAppendParams {
   unsigned long long* bad = nullptr;
 };
 
-/// Encodes and writes the rows; asynchronous. The vector kernel (decode_append_vec.cu) where the shape allows it, else
+/// Encodes and writes the rows; asynchronous. The vector kernel (decode_append_quant_vec.cu) where the shape allows it, else
 /// one warp per row (fp8, integer codes with groups of >= 16 channels) or one thread per row (everything else).
 void quant_append(const QuantAppendParams& p, cudaStream_t stream);
 
-/// The vector kernels of decode_append_vec.cu: false (nothing launched) where the shape, strides or alignment do not
-/// allow 16-byte loads of 8 channels per lane (the callers then use the general kernels).
+/// The vector kernels (decode_append_vec.cu: 16-bit copy; decode_append_quant_vec.cu: quantize, 16 / 32 channels
+/// per lane): false (nothing launched) where the formats, shape, strides or alignment do not allow them (the callers
+/// then use the general kernels).
 bool append_kv_vec(const AppendParams& p, cudaStream_t stream);
 bool quant_append_vec(const QuantAppendParams& p, cudaStream_t stream);
+/// The kernel the last quant_append() call on this host thread launched, for diagnostics and tests: "vector C<c> L<l>"
+/// (c channels per lane, l lanes per row), "warp" or "thread"; "" before any.
+std::string quant_append_last_kernel();
+/// Records it (the launchers): channels_per_lane > 0 the vector kernel, 0 the warp kernel, < 0 the thread kernel.
+void note_quant_append_kernel(int channels_per_lane, int lanes_per_row);
 
 }  // namespace flashkv::cuda

@@ -1,5 +1,5 @@
 // Quantize-on-write append of a device PagedKVCache (decode_append.hpp): the general encode kernels (the vector kernel
-// of decode_append_vec.cu takes the shapes it can first), each checking the values it encodes when p.bad is set. The
+// of decode_append_quant_vec.cu takes the shapes it can first), each checking the values it encodes when p.bad is set. The
 // codes and metadata are those of the CPU codec bit for bit, from the same float rows (bf16 / fp16 / float32 inputs
 // convert exactly) and the same trait functions (format/traits.hpp; nvcc compiles them without contraction across
 // their roundings: the divisions and reciprocals are IEEE, no fast-math flags in this target):
@@ -212,7 +212,20 @@ unsigned grid_for(int64_t total, int threads) {
   return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
 }
 
+thread_local int last_c = 0, last_l = 0;
+thread_local bool any_launch = false;
+
 }  // namespace
+
+void note_quant_append_kernel(int channels_per_lane, int lanes_per_row) {
+  last_c = channels_per_lane, last_l = lanes_per_row, any_launch = true;
+}
+
+std::string quant_append_last_kernel() {
+  if (!any_launch) return "";
+  if (last_c > 0) return "vector C" + std::to_string(last_c) + " L" + std::to_string(last_l);
+  return last_c == 0 ? "warp" : "thread";
+}
 
 void quant_append(const QuantAppendParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_new * p.num_heads_kv;
@@ -225,10 +238,12 @@ void quant_append(const QuantAppendParams& p, cudaStream_t stream) {
     if (e == 4) quant_append_warp_kernel<4><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(p, rows);
     if (e == 8) quant_append_warp_kernel<8><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(p, rows);
     check_cuda(cudaGetLastError(), "quant_append (warp) launch");
+    note_quant_append_kernel(0, 0);
     return;
   }
   quant_append_kernel<<<grid_for(2 * rows, 64), 64, 0, stream>>>(p, rows);
   check_cuda(cudaGetLastError(), "quant_append launch");
+  note_quant_append_kernel(-1, -1);
 }
 
 }  // namespace flashkv::cuda
