@@ -77,9 +77,9 @@ struct DecodeFold {
       return 0;
     }
   }
-  /// Every affine half's channel group is the whole head (the mainloop's compile-time variant for it).
-  __device__ __forceinline__ static bool whole_groups(const Src& src) {
-    return (!kKAffine || src.group(0) == kHeadDim) && (!kVAffine || src.group(1) == kHeadDim);
+  /// Every affine half's channel group is g channels (the mainloop's compile-time variants: the whole head, 32).
+  __device__ __forceinline__ static bool groups_are(const Src& src, int g) {
+    return (!kKAffine || src.group(0) == g) && (!kVAffine || src.group(1) == g);
   }
   /// qsum of the Q fragments qa (affine keys) and pmin zeroed (affine values).
   __device__ __forceinline__ static void init(const uint32_t (&qa)[kHeadDim / 16][4], QSum& qsum, PMin& pmin) {

@@ -215,14 +215,14 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
   // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
   // rewrites the V tile, so the V fragments could not be loaded before it) is in that loop.
-  // Affine packed pages (head_dim <= 128) are compiled once more for channel groups of the whole head (the formats'
-  // default: int8 / int4 without _gN): one fold per block and half at compile time instead of a uniform branch per
-  // 16-channel slice.
+  // Affine packed pages (head_dim <= 128) are compiled twice more, for channel groups of the whole head (the formats'
+  // default: int8 / int4 without _gN) and of 32 channels (_g32): the folds at compile time instead of a uniform branch
+  // and run-time group arithmetic per 16-channel slice (other groups: the run-time loop).
   // Folded sources whose CTA has at most 8 query rows (decode with GQA groups <= 8) skip the softmax and fold work of
   // the mma tile's empty rows 8..15 (this thread's row g + 8): kHalves = 1; their P operand is 0.
-  auto mainloop = [&](auto guarded, auto whole_groups, auto halves) {
+  auto mainloop = [&](auto guarded, auto groups, auto halves) {
     constexpr bool kGuard = !kFolded && decltype(guarded)::value;
-    constexpr bool kWhole = decltype(whole_groups)::value;
+    constexpr int kGroup = decltype(groups)::value;  // affine halves' channels per group at compile time; 0: run time
     constexpr int kHalves = decltype(halves)::value;
     static_assert(kHalves == 2 || kFolded, "one row half: folded sources only");
     for (int it = 0; nb_begin + it < nb_end; ++it) {
@@ -251,7 +251,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         // affine keys: the MMAs accumulate one channel group at a time (acc), the fold's hook adds it to s
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, qacc[2] = {0.f, 0.f};
         float(&qk)[2][4] = kKAffine ? acc : s;
-        const int kgroup = kWhole ? kHeadDim : Fold::group(src, 0);
+        const int kgroup = kGroup > 0 ? kGroup : Fold::group(src, 0);
         [[maybe_unused]] uint32_t kw[Src::kLdsmK][4];  // register-direct: the warp's raw K code words
         if constexpr (Src::kRegDirect) src.k_words(stage_addr, kw);
 #pragma unroll
@@ -278,7 +278,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
       float vf[2][2] = {{0.f, 0.f}, {0.f, 0.f}};  // token-scaled values: each key's factor
       float vratio = 1.f;                         // kVNormalize: o's extra rescale for this block
-      Fold::v_factors(src, kWhole ? kHeadDim : Fold::group(src, 1), stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale,
+      Fold::v_factors(src, kGroup > 0 ? kGroup : Fold::group(src, 1), stage_addr, rk, nb * kBlockN, seqlen_k, vf, vscale,
                       vratio);
       if constexpr (kFolded) {
         // the per-key selects only where this thread's rows may not see all of the warp's 16 keys (the last block of
@@ -380,7 +380,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       // P (the A operand) for every 16-column slice of V, or per channel group (affine V: the fold's hook)
       uint32_t a[4];
       Fold::p_operand(s, vf, a, halves);
-      const int vgroup = kWhole ? kHeadDim : Fold::group(src, 1);
+      const int vgroup = kGroup > 0 ? kGroup : Fold::group(src, 1);
       const float vinv = kVAffine ? Fold::inv_pow2(vscale) : 1.f;  // vscale: a power of two (1 unless kVNormalize)
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
@@ -403,26 +403,36 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
   };
   if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)
-    if (Fold::whole_groups(src)) {
+    using Whole = std::integral_constant<int, kHeadDim>;
+    using G32 = std::integral_constant<int, 32>;
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
+    if (Fold::groups_are(src, kHeadDim)) {
       if (rows <= 8) {
-        mainloop(std::false_type{}, std::true_type{}, std::integral_constant<int, 1>{});
+        mainloop(std::false_type{}, Whole{}, One{});
       } else {
-        mainloop(std::false_type{}, std::true_type{}, std::integral_constant<int, 2>{});
+        mainloop(std::false_type{}, Whole{}, Two{});
+      }
+    } else if (Fold::groups_are(src, 32)) {  // the _g32 formats (int4_g32: the best 4-bit quality the device decodes)
+      if (rows <= 8) {
+        mainloop(std::false_type{}, G32{}, One{});
+      } else {
+        mainloop(std::false_type{}, G32{}, Two{});
       }
     } else {
-      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
+      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, Two{});
     }
   } else if constexpr (kFolded && kHeadDim <= 128) {
     if (rows <= 8) {
-      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 1>{});
+      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 1>{});
     } else {
-      mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
+      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
     }
   } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
                                                 min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-    mainloop(std::false_type{}, std::false_type{}, std::integral_constant<int, 2>{});
+    mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
   } else {
-    mainloop(std::true_type{}, std::false_type{}, std::integral_constant<int, 2>{});
+    mainloop(std::true_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
   }
   Fold::finish(src, vscale, pmin, o);
   cp_async_wait<0>();
