@@ -12,8 +12,8 @@
 //     of two), positions in 32 bits (the launcher checks capacity < 2^31);
 //   * the value check (p.bad) is a packed max over the raw 16-bit words per lane and one vote per warp; only a warp
 //     holding a bad value looks for its smallest flat index (the general kernels' rule);
-//   * a code is cvt.rni.sat.u8 then a packed min(qmax) per 4 codes: the trait's asym_code (round half to even,
-//     clamp to [0, qmax]) on every finite input; the lane's extremes are min / max instructions (the scan only for
+//   * a code is cvt.rni.sat.u8 (4-bit: of min(q, 15)): the trait's asym_code (round half to even, clamp to
+//     [0, qmax]) on every finite input; the lane's extremes are min / max instructions (the scan only for
 //     a zero extreme, whose sign the CPU takes from the first zero); fp8 pairs convert in one cvt.rn.satfinite.e4m3x2 / e5m2x2 (sm_89+).
 // Group extremes: the lane's ascending scan (`v < mn ? v : mn`, the CPU's order) then an ordered butterfly over the
 // group's lanes in which the lower-channel operand wins ties, so even the sign of a zero extreme is the CPU's.
@@ -65,8 +65,8 @@ __device__ __forceinline__ float scan_extreme(const float (&x)[C]) {
   return m;
 }
 
-/// round_even(q) clamped to [0, 255] (cvt.rni.u8 saturates; NaN gives 0): the trait's asym_code before its clamp to
-/// qmax, which the caller applies to four packed codes at once (vmin.u4).
+/// round_even(q) clamped to [0, 255] (cvt.rni.sat.u8; NaN gives 0): the trait's asym_code for qmax = 255; 4-bit codes
+/// clamp q to 15 first.
 __device__ __forceinline__ uint32_t code_u8(float q) {
   uint16_t c;
   asm("cvt.rni.sat.u8.f32 %0, %1;" : "=h"(c) : "f"(q));
@@ -160,6 +160,9 @@ __global__ void __launch_bounds__(128) quant_append_vec_kernel(const QuantAppend
   const bool four_bit = f.bits() == 4;
   const uint32_t qmax = static_cast<uint32_t>(f.qmax());
   const int group_lanes = fp8 ? L : f.group / C;  // lanes sharing one [scale, min] (fp8: the row's scale)
+  // the lane's [scale, min] word of its group, and the row's metadata unit (token formats: one unit per slot)
+  const int meta_word = fp8 ? 0 : (C * lr) / f.group;
+  const int64_t meta_unit = f.meta_bytes_per_unit;
   const uint32_t bad_from = a.bad_from[half];
   const bool fp16_range = !fp8;  // integer codes store an fp16 scale / min
   const int32_t slot_mask = (1 << a.page_shift) - 1;
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(128) quant_append_vec_kernel(const QuantAppend
     uint8_t* row = p.codes[half] + page * p.page_stride[half] + h * p.head_stride[half] +
                    static_cast<int64_t>(slot) * f.code_bytes;
     uint8_t* meta = p.meta[half] != nullptr
-                        ? p.meta[half] + page * p.meta_page_stride[half] + h * p.meta_head_stride[half] + f.meta_offset(slot)
+                        ? p.meta[half] + page * p.meta_page_stride[half] + h * p.meta_head_stride[half] + slot * meta_unit
                         : nullptr;
     uint32_t out[C / 4];  // the lane's C codes, one per byte (channels C lr .. C lr + C - 1)
     if (fp8) {
@@ -222,14 +225,18 @@ __global__ void __launch_bounds__(128) quant_append_vec_kernel(const QuantAppend
       mn = ordered_extreme<true>(mn, lr, group_lanes), mx = ordered_extreme<false>(mx, lr, group_lanes);
       const kv::KVHalfFormat::AsymParams ap = kv::KVHalfFormat::asym_params(mn, mx, static_cast<int32_t>(qmax));
       uint32_t c[C];
+      if (four_bit) {  // the clamp to qmax = 15 in float (an integer bound: the same as clamping the rounded code)
 #pragma unroll
-      for (int e = 0; e < C; ++e) c[e] = code_u8((x[e] - ap.minf) * ap.inv);
-      const uint32_t qmax4 = qmax * 0x01010101u;
+        for (int e = 0; e < C; ++e) c[e] = code_u8(fminf((x[e] - ap.minf) * ap.inv, 15.0f));
+      } else {  // qmax = 255: the conversion's own saturation
 #pragma unroll
-      for (int k = 0; k < C / 4; ++k) out[k] = __vminu4(pack4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]), qmax4);
-      if (live && lr % group_lanes == 0) {  // the group's first lane writes its [scale, min]
+        for (int e = 0; e < C; ++e) c[e] = code_u8((x[e] - ap.minf) * ap.inv);
+      }
+#pragma unroll
+      for (int k = 0; k < C / 4; ++k) out[k] = pack4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+      if (live && (lr & (group_lanes - 1)) == 0) {  // the group's first lane (group_lanes: a power of two)
         const uint32_t sm = static_cast<uint32_t>(ap.scale_bits) | (static_cast<uint32_t>(ap.min_bits) << 16);
-        *reinterpret_cast<uint32_t*>(meta + 4 * ((C * lr) / f.group)) = sm;
+        *reinterpret_cast<uint32_t*>(meta + 4 * meta_word) = sm;
       }
     }
     bool store = live;
@@ -302,7 +309,7 @@ bool quant_append_vec(const QuantAppendParams& p, cudaStream_t stream) {
   const int64_t store_align = 16;  // bytes per store_bytes instruction
   for (int half = 0; half < 2; ++half) {
     const kv::KVHalfFormat& f = p.format[half];
-    if (f.code_bytes % store_align != 0 || p.page_stride[half] % store_align != 0 ||
+    if (f.tokens_per_unit != 1 || f.code_bytes % store_align != 0 || p.page_stride[half] % store_align != 0 ||
         p.head_stride[half] % store_align != 0 || !aligned(p.codes[half], store_align) ||
         (p.meta[half] != nullptr && (!aligned(p.meta[half], 4) || p.meta_page_stride[half] % 4 != 0 ||
                                      p.meta_head_stride[half] % 4 != 0))) {
