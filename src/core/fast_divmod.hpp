@@ -6,6 +6,7 @@
 // Host and device (FLASHKV_HD); tests/core/test_fast_divmod.cpp checks it against `/` and `%`.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 
 #include "core/host_device.hpp"
 
@@ -17,8 +18,9 @@ struct FastDivmod {
   uint32_t shift = 0;       ///< l above
 
   FastDivmod() = default;
-  /// divisor >= 1 (0 is a caller's bug: the launchers check their shapes first).
-  explicit FastDivmod(uint32_t d) : divisor(d == 0 ? 1 : d) {
+  /// 1 <= d <= 2^31 (std::invalid_argument otherwise: a caller's bug, the launchers check their shapes first).
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    if (d == 0 || d > (uint32_t{1} << 31)) throw std::invalid_argument("FastDivmod: divisor outside [1, 2^31]");
     uint32_t l = 0;
     while ((uint64_t{1} << l) < divisor) ++l;
     multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << l) - divisor)) / divisor + 1);

@@ -15,8 +15,9 @@
 //   * a code is cvt.rni.sat.u8 (4-bit: of min(q, 15)): the trait's asym_code (round half to even, clamp to
 //     [0, qmax]) on every finite input; the lane's extremes are min / max instructions (the scan only for
 //     a zero extreme, whose sign the CPU takes from the first zero); fp8 pairs convert in one cvt.rn.satfinite.e4m3x2 / e5m2x2 (sm_89+).
-// Group extremes: the lane's ascending scan (`v < mn ? v : mn`, the CPU's order) then an ordered butterfly over the
-// group's lanes in which the lower-channel operand wins ties, so even the sign of a zero extreme is the CPU's.
+// Group extremes: the lane's min / max instructions (its ascending scan `v < mn ? v : mn`, the CPU's order, where the
+// extreme is a zero) then an ordered butterfly over the group's lanes in which the lower-channel operand wins ties, so
+// even the sign of a zero extreme is the CPU's.
 // Planar bytes (kvcache/format/traits.hpp pack_byte): 8-bit byte c = code c; 4-bit byte c = code c | code c + d/2 << 4,
 // the high nibble from lane lr + L/2 by one shuffle per 4 bytes.
 #include <cuda_bf16.h>
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(128) quant_append_vec_kernel(const QuantAppend
     a.seqlen_new.divmod(tu, bu, iu);
     const int b = static_cast<int>(bu), i = static_cast<int>(iu), h = static_cast<int>(hu);
     const int32_t cached = p.seqlens[b];
-    live = live && cached >= 0 && cached + p.seqlen_new <= p.capacity;
+    live = live && cached >= 0 && static_cast<int64_t>(cached) + p.seqlen_new <= p.capacity;  // then pos < 2^31
     float x[C];
     const bool lane_bad = load_lane<C>(in, p.dtype, b * sb + i * si + h * sh + C * lr, x, bad_from, fp16_range);
     if (p.bad != nullptr && __any_sync(0xffffffffu, lane_bad)) {  // rare: the row's smallest bad channel
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(128) quant_append_vec_kernel(const QuantAppend
 #pragma unroll
       for (int e = 1; e < C; ++e) mn = fminf(mn, x[e]), mx = fmaxf(mx, x[e]);
       if (mn == 0.0f) mn = scan_extreme<true, C>(x);
-      if (mx == 0.0f) mx = scan_extreme<false, C>(x);
+      if (mx == 0.0f) mx = scan_extreme<false, C>(x);  // (defensive: a zero maximum's sign does not reach the scale)
       mn = ordered_extreme<true>(mn, lr, group_lanes), mx = ordered_extreme<false>(mx, lr, group_lanes);
       const kv::KVHalfFormat::AsymParams ap = kv::KVHalfFormat::asym_params(mn, mx, static_cast<int32_t>(qmax));
       uint32_t c[C];
@@ -320,8 +321,9 @@ bool quant_append_vec(const QuantAppendParams& p, cudaStream_t stream) {
   if (ps < 1 || (ps & (ps - 1)) != 0) return false;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_new * p.num_heads_kv;
   if (rows == 0) return true;
-  // 32-bit row / position arithmetic (FastDivmod takes dividends < 2^31)
-  if (rows >= (int64_t{1} << 31) || p.capacity >= (int64_t{1} << 31) || p.num_heads_kv < 1 || p.seqlen_new < 1) return false;
+  // 32-bit row / position arithmetic: the grid-stride loop's row index stays below rows + 32 + 2^23 (65536 blocks of 4
+  // warps) < 2^31, the dividend FastDivmod takes; positions below the capacity
+  if (rows > (int64_t{1} << 30) || p.capacity >= (int64_t{1} << 31) || p.num_heads_kv < 1 || p.seqlen_new < 1) return false;
   VecArgs a;
   a.heads = core::FastDivmod(static_cast<uint32_t>(p.num_heads_kv));
   a.seqlen_new = core::FastDivmod(static_cast<uint32_t>(p.seqlen_new));

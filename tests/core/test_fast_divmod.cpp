@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "core/fast_divmod.hpp"
@@ -41,6 +42,13 @@ TEST(FastDivmod, EqualsIntegerDivision) {
     for (int64_t delta = -3; delta <= 3; ++delta) check_divisor(static_cast<uint32_t>((int64_t{1} << s) + delta), g);
   std::uniform_int_distribution<uint32_t> big(1, 0x7fffffffu);
   for (int i = 0; i < 2000; ++i) check_divisor(big(g), g);
+}
+
+TEST(FastDivmod, DivisorsOutsideTheRangeAreRefused) {
+  EXPECT_THROW(flashkv::core::FastDivmod(0u), std::invalid_argument);
+  EXPECT_THROW(flashkv::core::FastDivmod((1u << 31) + 1), std::invalid_argument);
+  const flashkv::core::FastDivmod top(1u << 31);
+  EXPECT_EQ(top.div(0x7fffffffu), 0u);
 }
 
 TEST(FastDivmod, EveryDividendForSmallDivisors) {

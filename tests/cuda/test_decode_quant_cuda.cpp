@@ -45,11 +45,12 @@ namespace {
 
 using decodetest::expect_error;
 
-/// The formats the default build compiles (FLASHKV_CUDA_KV_FORMATS; int4_g32 is the int4 instantiation with groups),
-/// then ones only some builds compile (ALL_INSTANTIATIONS: e5m2; a KFMT/VFMT entry: the mixed pair): their codes are
+/// The formats the default build compiles (FLASHKV_CUDA_KV_FORMATS; int4_g32 / int8_g64 are the int4 / int8
+/// instantiations with groups: the mainloop's 32-channel-group and run-time-group variants), then ones only some builds
+/// compile (ALL_INSTANTIATIONS: e5m2; a KFMT/VFMT entry: the mixed pair): their codes are
 /// checked always, their decode where compiled (else the UnsupportedError must say "not compiled"; printed);
-/// k:bf16,v:int8 takes the one-thread-per-row encode (a 16-bit half), the others the warp encode.
-const char* const kFormats[] = {"fp8_e4m3", "fp8_e4m3_dynamic", "int8", "int4", "int4_g32",
+/// k:bf16,v:int8 takes the one-thread-per-row encode (a 16-bit half), the others the vector encode.
+const char* const kFormats[] = {"fp8_e4m3", "fp8_e4m3_dynamic", "int8", "int4", "int4_g32", "int8_g64",
                                 "fp8_e5m2", "fp8_e5m2_dynamic", "k:int8,v:int4", "k:bf16,v:int8"};
 
 struct QuantCase {

@@ -2,13 +2,15 @@
 // for byte (codes and metadata of every cached token, tests/kvcache/kv_bytes.hpp): every lane layout it instantiates
 // (16 / 32 channels per lane at head_dim 16 .. 256, 1 .. 8 lanes per row; which one ran is asserted), float32 / bf16 / fp16 rows, a kv-head count
 // and chunk lengths that are not powers of two (its multiply-high row split), batched appends crossing pages, and
-// rows chosen to break a careless encoder: constant rows (zero scale), ±0 extremes of either sign first, all-zero
-// rows, ties of the extremes, magnitudes near the fp16 limit, tiny values (subnormal fp16 scales), static fp8 scales
-// that saturate. The in-kernel value check: the smallest bad element is named, values at the limits are accepted.
+// rows chosen to break a careless encoder: constant rows (zero scale), ±0 extremes of either sign first (the only
+// ties whose bits differ), all-zero rows, repeated extremes, magnitudes near the fp16 limit, tiny values (subnormal fp16 scales), static fp8 scales
+// that saturate; page sizes 16 .. 256. The in-kernel value check: the smallest bad element of a row is named, the first
+// value past each limit is refused and the limit itself is encoded as the CPU encodes it.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -30,12 +32,12 @@ using decodetest::expect_error;
 
 constexpr int kHeads = 3;  // not a power of two: the row -> (token, head) split is a real division
 
-KVCacheConfig append_config(const std::string& fmt, int d, Device dev) {
+KVCacheConfig append_config(const std::string& fmt, int d, Device dev, int32_t page_size = 16) {
   KVCacheConfig k;
   k.num_layers = 1;
   k.num_heads_kv = kHeads;
   k.head_dim = d;
-  k.page_size = 16;
+  k.page_size = page_size;
   k.with_kv_cache_dtype(fmt);
   if (fmt == "fp8_e4m3" || fmt == "fp8_e5m2") {  // static scales; the large rows saturate
     k.k_scales = {0.0125f, 0.5f, 3.0f};
@@ -63,7 +65,7 @@ void fill_row(std::mt19937_64& g, int kind, int d, DType t, float* x) {
       case 3: v = coin(g) ? -0.f : 0.f; break;                                // only zeros
       case 4: v = std::fmax(-60000.f, std::fmin(60000.f, 2e4f * nd(g))); break;  // near the fp16 limit
       case 5: v = 1e-6f * nd(g); break;                                       // subnormal fp16 scales
-      default: v = c % 5 == 0 ? -3.5f : (c % 5 == 1 ? 2.25f : nd(g)); break;  // tied extremes
+      default: v = c % 5 == 0 ? -3.5f : (c % 5 == 1 ? 2.25f : nd(g)); break;  // repeated extremes in every group
     }
     x[c] = round_to(v, t);
   }
@@ -92,17 +94,19 @@ TEST(CudaKVAppend, VectorKernelEqualsTheCpuCodecAtEveryLaneWidth) {
   const int64_t B = static_cast<int64_t>(ids.size());
   int cases = 0;
   std::set<std::string> kernels;
+  const int32_t page_sizes[] = {16, 32, 64, 128, 256};  // the slot / page split by shifts at every page size
   for (int d : {16, 32, 64, 128, 256})
     for (const char* fmt : formats)
       for (DType t : {DType::bfloat16, DType::float16, DType::float32}) {
         KVCacheConfig dcfg, hcfg;
+        const int32_t page = page_sizes[cases % 5];
         try {
-          dcfg = append_config(fmt, d, Device::cuda), hcfg = append_config(fmt, d, Device::cpu);
+          dcfg = append_config(fmt, d, Device::cuda, page), hcfg = append_config(fmt, d, Device::cpu, page);
           PagedKVCache probe(hcfg);
         } catch (const Error&) {
           continue;  // a group wider than head_dim
         }
-        SCOPED_TRACE(std::string(fmt) + " d" + std::to_string(d) + " " + rows_name(t));
+        SCOPED_TRACE(std::string(fmt) + " d" + std::to_string(d) + " " + rows_name(t) + " page" + std::to_string(page));
         PagedKVCache dev(dcfg), host(hcfg);
         for (int64_t id : ids) dev.add_sequence(id), host.add_sequence(id);
         int kind = 0;
@@ -143,20 +147,26 @@ TEST(CudaKVAppend, VectorKernelEqualsTheCpuCodecAtEveryLaneWidth) {
 
 TEST(CudaKVAppend, VectorKernelValueCheckNamesTheSmallestBadElement) {
   std::mt19937_64 g(flashkv::testing::test_seed() + 43);
+  const float bf16_max = bf16_to_float(0x7f7f), bf16_past = bf16_to_float(0x4780);  // 3.39e38; 65536
+  const float f32_past = std::nextafter(65504.f, 1e9f);                             // the first float32 above 65504
   for (int d : {64, 256})
     for (DType t : {DType::bfloat16, DType::float16, DType::float32})
       for (const char* fmt : {"int8", "int4_g32", "fp8_e4m3_dynamic"}) {
         SCOPED_TRACE(std::string(fmt) + " d" + std::to_string(d) + " " + rows_name(t));
         const bool fp16_meta = std::string(fmt).rfind("int", 0) == 0;
-        PagedKVCache dev(append_config(fmt, d, Device::cuda));
-        dev.add_sequence(0);
+        PagedKVCache dev(append_config(fmt, d, Device::cuda)), host(append_config(fmt, d, Device::cpu));
+        dev.add_sequence(0), host.add_sequence(0);
         const int n = 11;
         std::vector<float> k(static_cast<size_t>(n) * kHeads * d), v(k.size());
         for (size_t r = 0; r < k.size() / d; ++r) fill_row(g, 0, d, t, k.data() + r * d), fill_row(g, 0, d, t, v.data() + r * d);
-        // at the limits, accepted: fp16's largest finite value (bf16: 65280, the largest bf16 <= 65504); fp8 halves
-        // take any finite value (bf16 / float32: 1e30)
-        const float limit = t == DType::bfloat16 ? 65280.f : 65504.f;
-        k[static_cast<size_t>((2 * kHeads + 1) * d + 5)] = fp16_meta ? limit : (t == DType::float16 ? limit : 1e30f);
+        // at the limits, accepted and encoded as on the CPU: fp16's largest finite value where the half stores fp16
+        // metadata (bf16 rows: 65280, the largest bf16 <= 65504); fp8 halves take any finite value (the row dtype's
+        // largest: bf16 3.39e38, float32 FLT_MAX, fp16 65504)
+        const float limit = !fp16_meta && t == DType::bfloat16 ? bf16_max
+                            : !fp16_meta && t == DType::float32 ? std::numeric_limits<float>::max()
+                            : t == DType::bfloat16              ? 65280.f
+                                                                : 65504.f;
+        k[static_cast<size_t>((2 * kHeads + 1) * d + 5)] = limit;
         v[static_cast<size_t>((4 * kHeads + 2) * d + d - 1)] = -limit;
         const size_t es = t == DType::float32 ? 4 : 2;
         DevBuf dk(k.size() * es), dv(v.size() * es);
@@ -164,21 +174,27 @@ TEST(CudaKVAppend, VectorKernelValueCheckNamesTheSmallestBadElement) {
         const TensorView kt = TensorView::contiguous(dk.p, t, {n, kHeads, d}, Device::cuda, 0),
                          vt = TensorView::contiguous(dv.p, t, {n, kHeads, d}, Device::cuda, 0);
         dev.append(0, 0, kt, vt);
+        EXPECT_EQ(cuda::quant_append_last_kernel().rfind("vector", 0), 0u) << cuda::quant_append_last_kernel();
+        host.append(0, 0, TensorView::contiguous(k.data(), DType::float32, {n, kHeads, d}),
+                    TensorView::contiguous(v.data(), DType::float32, {n, kHeads, d}));
+        const kvtest::CacheBytes got = kvtest::visible_cache_bytes(dev), want = kvtest::visible_cache_bytes(host);
+        EXPECT_TRUE(got == want) << got.diff(want);
         EXPECT_EQ(dev.seq_len(0, 0), n);
-        // two bad values in v; the smaller flat index [3, 1, c1] is named (c1 in the row's last lane, c2 in the first)
+        // two bad values in ONE row of v, in its last and first lanes: the smaller channel c2 is named; a third in a
+        // later row is not
         const int c1 = d - 2, c2 = 1;
         std::vector<float> bad = v;
         bad[static_cast<size_t>((3 * kHeads + 1) * d + c1)] = NAN;
-        bad[static_cast<size_t>((3 * kHeads + 2) * d + c2)] = INFINITY;
-        if (fp16_meta && t != DType::float16) bad[static_cast<size_t>((9 * kHeads + 0) * d + 3)] = 70000.f;
+        bad[static_cast<size_t>((3 * kHeads + 1) * d + c2)] = INFINITY;
+        bad[static_cast<size_t>((5 * kHeads + 0) * d + 0)] = -INFINITY;
         upload_as(dv, bad, t);
-        const std::string want = "[3, 1, " + std::to_string(c1) + "]";
-        expect_error<Error>([&] { dev.append(0, 0, kt, vt); }, "v", {want.c_str()});
+        const std::string want_v = "[3, 1, " + std::to_string(c2) + "]";
+        expect_error<Error>([&] { dev.append(0, 0, kt, vt); }, "v", {want_v.c_str()});
         EXPECT_EQ(dev.seq_len(0, 0), n);
-        if (fp16_meta && t != DType::float16) {  // only the value past fp16 left: named with the limit
+        if (fp16_meta && t != DType::float16) {  // the first value past fp16's range: 65536 (bf16), nextafter(65504)
           upload_as(dv, v, t);
           std::vector<float> big = k;
-          big[static_cast<size_t>((9 * kHeads + 0) * d + 3)] = 70000.f;
+          big[static_cast<size_t>((9 * kHeads + 0) * d + 3)] = t == DType::bfloat16 ? bf16_past : f32_past;
           upload_as(dk, big, t);
           expect_error<Error>([&] { dev.append(0, 0, kt, vt); }, "k", {"65504", "[9, 0, 3]"});
           EXPECT_EQ(dev.seq_len(0, 0), n);

@@ -273,7 +273,7 @@ TEST(CudaKVStep, PublicBatchedAppendRejectsNonFiniteValuesAndKeepsEveryCachedRow
   }
 }
 
-/// float32 device rows (the vector kernel's 32-byte loads) and rows whose strides rule out 16-byte loads (the general
+/// float32 device rows (the vector kernel's float4 loads) and rows whose strides rule out 16-byte loads (the general
 /// kernels) give the CPU codec's codes, metadata and 16-bit copies byte for byte: the same appends into a host cache.
 TEST(CudaKVStep, Float32AndStridedDeviceRowsEqualTheCpuCodec) {
   for (const StepCase& sc : {StepCase{"int4", 128}, StepCase{"int4_g32", 64}, StepCase{"int8", 64},
