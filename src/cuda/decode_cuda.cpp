@@ -338,6 +338,7 @@ void CudaDecodeWork::run(const core::DecodeProblem& p) {
   d.num_splits = num_splits_;
   // packed pages: more bytes in flight than the shared-memory ring holds (decode_params.hpp)
   d.l2_prefetch_blocks = qe_ != nullptr ? decode_l2_prefetch_blocks() : 0;
+  d.keys_m = decode_keys_m();
   d.rows_per_kv_head = static_cast<int32_t>(p.max_seqlen_q * p.group_size());
   d.causal = p.causal;
   d.window_left = p.window_size_left;
@@ -573,35 +574,6 @@ const QuantDecodeEntry& find_quant_decode(int64_t head_dim, DType dtype, const k
                          (compiled.empty() ? std::string("none") : compiled) +
                          "; FLASHKV_CUDA_KV_FORMATS / FLASHKV_CUDA_HEADDIMS select them; KIVI, windows and rotation "
                          "have no CUDA decode yet)");
-}
-
-DecodeCombine decode_combine_mode() {
-  static const DecodeCombine mode = [] {
-    const char* e = std::getenv("FLASHKV_DECODE_COMBINE");
-    if (e == nullptr || std::strcmp(e, "fused") == 0) return DecodeCombine::fused;
-    if (std::strcmp(e, "kernel") == 0) return DecodeCombine::kernel;
-    throw Error("FLASHKV_DECODE_COMBINE", "fused or kernel (how the split-KV decode merges its splits)",
-                std::string("'") + e + "'");
-  }();
-  return mode;
-}
-
-int32_t decode_l2_prefetch_blocks() {
-  // read once; FLASHKV_DECODE_L2_PREFETCH=N (0..16 blocks, 0 = off) is a tuning knob of the packed-page decode. Off by
-  // default: on the H200 every packed format decoded faster without it (run7 call 4, bench/results/h200-2026-12-01-run7:
-  // e.g. batch 64 / 32k fp8_e4m3 1649 vs 1939 us, int8 2367 vs 2473 us, int4 1887 vs 1990 us with 2 blocks).
-  static const int32_t blocks = [] {
-    const char* e = std::getenv("FLASHKV_DECODE_L2_PREFETCH");
-    if (e == nullptr) return int32_t{0};
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (end == e || *end != '\0' || v < 0 || v > 16) {
-      throw Error("FLASHKV_DECODE_L2_PREFETCH", "an integer in [0, 16] (key blocks prefetched into L2 ahead of the "
-                  "quantized decode's cp.async ring; 0 = off)", std::string("'") + e + "'");
-    }
-    return static_cast<int32_t>(v);
-  }();
-  return blocks;
 }
 
 }  // namespace flashkv::cuda

@@ -32,6 +32,12 @@ int32_t decode_l2_prefetch_blocks();
 enum class DecodeCombine { fused, kernel };
 DecodeCombine decode_combine_mode();
 
+/// Whether the packed-page decode runs its keys-as-M loop (sm80/decode_keys_m.cuh) for CTAs of <= 8 query rows
+/// with register-direct fragments (DecodeParams::keys_m): true, or FLASHKV_DECODE_KEYS_M=0 for the 16-row loop (an
+/// A/B knob: both compute the same attention up to float32 summation order); read once, Error naming the variable for
+/// any value but 0 / 1.
+bool decode_keys_m();
+
 /// Forces the registration of the CUDA decode backend (a static initializer in decode_cuda.cpp); returns true.
 bool decode_backend_registered();
 

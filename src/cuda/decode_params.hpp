@@ -76,6 +76,9 @@ struct DecodeParams {
   /// no data moves to the SM, nothing past the sequence's end is touched). 0: off; the plan sets 2, or
   /// FLASHKV_DECODE_L2_PREFETCH=N (decode_l2_prefetch_blocks).
   int32_t l2_prefetch_blocks = 0;
+  /// Register-direct packed pages, CTAs of <= 8 query rows: the keys-as-M loop (sm80/decode_keys_m.cuh); false: the
+  /// 16-row loop (FLASHKV_DECODE_KEYS_M=0, decode_keys_m()).
+  bool keys_m = true;
   float* o_accum = nullptr;    ///< [num_splits, batch, num_heads, seqlen_q, head_dim] float32 (num_splits > 1)
   float* lse_accum = nullptr;  ///< [num_splits, batch, num_heads, seqlen_q] float32, natural log
   /// num_splits > 1, combine fused into the split kernel (DecodeCombine::fused): [batch, num_heads_kv · row tiles]

@@ -6,7 +6,7 @@
 //   * decode: kernel error against float64 attention on the DEQUANTIZED K / V (explicit causal mask) within 2x the naive
 //     same-precision (bf16) computation of the same, lse likewise (−inf for rows with no key); num_splits 1 / auto / 5;
 //     the quantization error against the unquantized K / V printed separately per format;
-//   * per format x head_dim 64 / 128 x GQA 1 / 4 x page_size 16 / 64 x a ragged batch (0, 1, 37, 200 tokens; partly
+//   * per format x head_dim 64 / 128 x GQA 1 / 4 (8 at head_dim 128) x page_size 16 / 64 x a ragged batch (0, 1, 37, 200 tokens; partly
 //     filled pages whose unused slots hold the pool's 0xFF garbage — NaN metadata, maximal codes — which never reaches
 //     the output), varlen queries (chunked prefill) in part of the grid, plans reused across layers;
 //   * the decode's exact 16-bit code images (Code16: what the MMAs multiply once the scales are folded out) equal
@@ -366,6 +366,11 @@ TEST(CudaQuantKVCache, DeviceCodesEqualTheCpuCodecAndDecodeMatchesTheReference) 
           if (d == 128 && gqa == 4 && page == 64) {  // float16 queries / appends (the fp16 instantiations)
             c.dtype = DType::float16;
             check_case(c);
+          }
+          if (d == 128 && gqa == 4 && page == 64) {  // GQA 8: a decode step's CTA with all 8 query columns of the
+            QuantCase c8;                             // keys-as-M loop (sm80/decode_keys_m.cuh) in use
+            c8.fmt = fmt, c8.head_dim = d, c8.heads_kv = 2, c8.heads = 16, c8.page_size = page;
+            check_case(c8);
           }
         }
 }

@@ -2,7 +2,8 @@
 // in-register conversions give the exact Code16 images of every code, the staged-row swizzle keeps ldmatrix
 // conflict-free, and one warp's K / V fragments — staged with the swizzle, read by an emulated ldmatrix(.trans) at the
 // lanes' addresses, converted, multiplied by an emulated mma.m16n8k16 with the permuted Q / the scores' P — give
-// exactly Q · image(K)ᵀ and P · image(V) at the channels the kernel's epilogue writes them to. The GPU runs the same
+// exactly Q · image(K)ᵀ and P · image(V) at the channels the kernel's epilogue writes them to — in the 16-row layout
+// and in the keys-as-M one (sm80/decode_keys_m.cuh: Sᵀ = K · Qᵀ, Oᵀ = Vᵀ · Pᵀ, Pᵀ by an emulated movmatrix). The GPU runs the same
 // functions (CudaQuantKVCache.* / CudaDecode.* check the whole decode on the H200).
 #include <gtest/gtest.h>
 
@@ -260,6 +261,73 @@ void check_block(uint64_t salt) {
               ADD_FAILURE() << "warp " << warp << " o[" << dt << "][" << e << "] lane " << l << " (channel " << ch
                             << "): " << o << " vs " << want;
           }
+    }
+    // keys as M (sm80/decode_keys_m.cuh, CTAs of <= 8 query rows): Sᵀ = K · Qᵀ with A = {bk0, bk2, bk1, bk3} (the
+    // B fragments of keys 0..7 / 8..15 as rows g / g + 8) and B = the Q fragment's rows 0..7 {a0, a2}; Pᵀ's B
+    // fragment = movmatrix.trans of the scores' C-layout halves; Oᵀ = Vᵀ · Pᵀ with A = {bv0, bv2, bv1, bv3}, whose
+    // rows g / g + 8 of slice s are channels 16s + 2g / 16s + 2g + 1
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t at[32][4], bt[32][2];
+      for (int l = 0; l < 32; ++l) {
+        uint32_t w[8], n[8];
+        for (int i = 0; i < 8; ++i) {
+          const double* row = &q[(l / 4) * kHeadDim + 16 * kk];
+          w[i] = pack(row[2 * i], row[2 * i + 1], kBf16);
+        }
+        frag::permute_q_words(w, n);
+        bt[l][0] = n[l % 4], bt[l][1] = n[4 + l % 4];
+        uint32_t lane_w[kChunks / 2][4], bk[4];
+        for (int i = 0; i < kChunks / 2; ++i)
+          for (int m = 0; m < 4; ++m) lane_w[i][m] = kw[i][l][m];
+        frag::k_fragment<C, kBf16, kChunks, kCenteredK>(lane_w, kk, bk);
+        at[l][0] = bk[0], at[l][1] = bk[2], at[l][2] = bk[1], at[l][3] = bk[3];
+      }
+      for (int key = 0; key < 16; ++key)
+        for (int n = 0; n < 8; ++n) {
+          double st = 0;
+          for (int k = 0; k < 16; ++k) st += a_elem(at, key, k, kBf16) * b_elem(bt, k, n, kBf16);
+          double want = 0;
+          for (int k = 0; k < 16; ++k) {
+            const int c = 16 * kk + frag::k_channel(k);
+            want += q[n * kHeadDim + c] * img(warp * 16 + key, c, true);
+          }
+          if (st != want && bad++ < 5)
+            ADD_FAILURE() << "warp " << warp << " keys-as-M slice " << kk << " score (" << n << ", " << key << "): " << st
+                          << " vs " << want;
+        }
+    }
+    uint32_t pc[2][32], pt[32][2];  // P's C-layout halves (keys g + 8h, queries 2t, 2t + 1), then transposed
+    for (int l = 0; l < 32; ++l)
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp * 16 + l / 4 + 8 * h, qr = 2 * (l % 4);
+        pc[h][l] = pack(p[qr * 64 + key], p[(qr + 1) * 64 + key], kBf16);
+      }
+    auto half16 = [](uint32_t w, int hi) { return (w >> (16 * hi)) & 0xffffu; };
+    for (int l = 0; l < 32; ++l)
+      for (int h = 0; h < 2; ++h) {  // movmatrix.trans: out row g, columns 2t, 2t + 1 = in (2t, g), (2t + 1, g)
+        const int gg = l / 4, t = l % 4;
+        pt[l][h] = half16(pc[h][4 * (2 * t) + gg / 2], gg % 2) | half16(pc[h][4 * (2 * t + 1) + gg / 2], gg % 2) << 16;
+      }
+    for (int sl = 0; sl < kHeadDim / 16; ++sl) {
+      uint32_t av[32][4];
+      for (int l = 0; l < 32; ++l) {
+        uint32_t lane_w[kChunks / 2][4], bv[4];
+        for (int i = 0; i < kChunks / 2; ++i)
+          for (int m = 0; m < 4; ++m) lane_w[i][m] = vw[i][l][m];
+        frag::v_fragment<C, kBf16, kChunks>(lane_w, sl, bv);
+        av[l][0] = bv[0], av[l][1] = bv[2], av[l][2] = bv[1], av[l][3] = bv[3];
+      }
+      for (int row = 0; row < 16; ++row)
+        for (int n = 0; n < 8; ++n) {
+          double o = 0;
+          for (int k = 0; k < 16; ++k) o += a_elem(av, row, k, kBf16) * b_elem(pt, k, n, kBf16);
+          const int ch = 16 * sl + 2 * (row % 8) + row / 8;
+          double want = 0;
+          for (int key = 0; key < 16; ++key) want += p[n * 64 + warp * 16 + key] * img(warp * 16 + key, ch, false);
+          if (o != want && bad++ < 5)
+            ADD_FAILURE() << "warp " << warp << " keys-as-M o (channel " << ch << ", query " << n << "): " << o << " vs "
+                          << want;
+        }
     }
     EXPECT_EQ(bad, 0);
   }

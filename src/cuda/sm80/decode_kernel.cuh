@@ -18,7 +18,9 @@
 // mainloop takes their K / V fragments from ldmatrix of the raw codes, with the Q tile's channels permuted once per
 // CTA and the output's V channels placed by frag::v_channel, sm80/decode_frag.hpp); everything else — PackGQA, masking (core::MaskRule: bottom-right causal,
 // window), the online softmax, the non-finite guards, the warp and split merges — is this one mainloop for every
-// format.
+// format. Register-direct sources with at most 8 query rows per CTA (a decode step, GQA <= 8) run the keys-as-M
+// variant of this loop instead (sm80/decode_keys_m.cuh: Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ, half the MMAs of a 16-row tile
+// that holds <= 8 rows), with the same folds, masks and merges.
 // Non-finite contract (include/flashkv/decode.hpp): NaN-propagating maxima (PTX max.NaN) in the softmax and in both
 // merges (core/merge.hpp: only lse = −inf means "no key"); key slots past a sequence's length are zero-filled, never
 // read; where causal / window masking splits a warp's 16-key block and a value there is non-finite, P·V for that
@@ -38,6 +40,7 @@
 #include "cuda/common/tile.cuh"
 #include "cuda/decode_params.hpp"
 #include "cuda/sm80/decode_fold.cuh"
+#include "cuda/sm80/decode_keys_m.cuh"
 #include "cuda/sm80/decode_kv_source.cuh"
 #include "cuda/sm80/mma.cuh"
 
@@ -64,12 +67,6 @@ struct DecodeConfig {
   static_assert(smem_estimate_ok<Src, kSmemBytes>(), "the KV source's shared-memory estimate (its CTA cap)");
 };
 
-/// max(a, b), NaN when either is NaN (fmaxf drops NaN).
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float d;
-  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(d) : "f"(a), "f"(b));
-  return d;
-}
 __device__ __forceinline__ float quad_max_nan(float x) {
   x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -211,6 +208,24 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const float scale_log2 = p.softmax_scale_log2;
   const int q_lo = row0 / group, q_hi = (row0 + rows - 1) / group + 1;
 
+  // One step of the K/V ring: waits for block `it` of the split, refills the stage the previous block used, returns
+  // block `it`'s stage.
+  auto ring = [&](int it) {
+    const int nb = nb_begin + it;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage `it` landed; every warp is done with the stage refilled below
+    if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
+    cp_async_commit();
+    return sKV + (it % kStages) * Cfg::kStageBytes;
+  };
+  // packed pages: the block l2_prefetch_blocks past the ring's newest into L2 (at a block's end: the page-table read
+  // it waits for does not delay the block's work)
+  auto prefetch = [&](int nb) {
+    if constexpr (kFolded) {
+      const int nbp = nb + kStages - 1 + p.l2_prefetch_blocks;
+      if (p.l2_prefetch_blocks > 0 && nbp < nb_end) src.prefetch_l2(nbp * kBlockN, seqlen_k, locate);
+    }
+  };
   // The 16-bit mainloop carries the non-finite guard below only where masking may split a warp's 16-key block
   // somewhere in this CTA's keys (seqlen_q > 1 on the causal diagonal, a window's edge). A decode step with one query
   // and no window runs the loop without it: neither the per-block visibility test nor the guard's rare path (which
@@ -227,19 +242,15 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     static_assert(kHalves == 2 || kFolded, "one row half: folded sources only");
     for (int it = 0; nb_begin + it < nb_end; ++it) {
       const int nb = nb_begin + it;
-      cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage `it` landed; every warp is done with the stage refilled below
-      if (nb + kStages - 1 < nb_end) load_stage(nb + kStages - 1, (it + kStages - 1) % kStages);
-      cp_async_commit();
+      const uint32_t stage_addr = ring(it);
       // the block's 16-bit K tile (V at + TileKV::kBytes), as an offset from sKV: the stage itself, or the conversion
       // tiles a quantized source just dequantized it into (after a __syncthreads)
       uint32_t soff = 0;
       if constexpr (!Src::kRegDirect)
-        soff = src.tiles(sKV + (it % kStages) * Cfg::kStageBytes, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k) - sKV;
+        soff = src.tiles(stage_addr, sKV + Cfg::kConvOffset, nb * kBlockN, seqlen_k) - sKV;
       const int jw0 = nb * kBlockN + warp * 16;  // this warp's 16 keys
 
       float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      const uint32_t stage_addr = sKV + (it % kStages) * Cfg::kStageBytes;
       if constexpr (Src::kReloadQ) {  // capped affine sources: Q fragments reloaded per block (the Q tile stays)
         const LdsmAddr<TileQ> q_addr(sQ, lane % 16, lane / 16);
 #pragma unroll
@@ -394,72 +405,99 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         mma_16816<TV>(o[2 * dt2], a, bv[0], bv[1]);
         mma_16816<TV>(o[2 * dt2 + 1], a, bv[2], bv[3]);
       }
-      if constexpr (kFolded) {
-        // packed pages: the block l2_prefetch_blocks past the ring's newest into L2 (at the block's end: the page-table
-        // read it waits for does not delay this block's work)
-        const int nbp = nb + kStages - 1 + p.l2_prefetch_blocks;
-        if (p.l2_prefetch_blocks > 0 && nbp < nb_end) src.prefetch_l2(nbp * kBlockN, seqlen_k, locate);
-      }
+      prefetch(nb);
     }
   };
-  if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {  // (head_dim 256: registers; one loop, as before)
-    using Whole = std::integral_constant<int, kHeadDim>;
-    using G32 = std::integral_constant<int, 32>;
-    using One = std::integral_constant<int, 1>;
-    using Two = std::integral_constant<int, 2>;
-    if (Fold::groups_are(src, kHeadDim)) {
-      if (rows <= 8) {
-        mainloop(std::false_type{}, Whole{}, One{});
-      } else {
-        mainloop(std::false_type{}, Whole{}, Two{});
-      }
-    } else if (Fold::groups_are(src, 32)) {  // the _g32 formats (int4_g32: the best 4-bit quality the device decodes)
-      if (rows <= 8) {
-        mainloop(std::false_type{}, G32{}, One{});
-      } else {
-        mainloop(std::false_type{}, G32{}, Two{});
-      }
-    } else {
-      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, Two{});
-    }
-  } else if constexpr (kFolded && kHeadDim <= 128) {
-    if (rows <= 8) {
-      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 1>{});
-    } else {
-      mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
-    }
-  } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
-                                                min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-    mainloop(std::false_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
-  } else {
-    mainloop(std::true_type{}, std::integral_constant<int, 0>{}, std::integral_constant<int, 2>{});
-  }
-  Fold::finish(src, vscale, pmin, o);
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // ---- merge the 4 warps' partial softmax states (core/merge.hpp; scratch reuses the K/V ring) ---------------------
+  // ---- the warp-merge scratch (core/merge.hpp; it reuses the K/V ring once every warp is done with it) -----------
   float* sO = reinterpret_cast<float*>(smem + TileQ::kBytes);  // [warp][16][kHeadDim]
   float* sM = sO + Cfg::kNWarps * 16 * kHeadDim;               // [warp][16] row max (natural-log units)
   float* sL = sM + Cfg::kNWarps * 16;                          // [warp][16] row sum
+  using Whole = std::integral_constant<int, kHeadDim>;
+  using G32 = std::integral_constant<int, 32>;
+  using RunTime = std::integral_constant<int, 0>;
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  // Register-direct packed pages with at most 8 query rows (a decode step, GQA <= 8): the keys-as-M loop
+  // (decode_keys_m.cuh; half the MMAs). Its affine variants: compile-time groups of the whole head / 32 channels.
+  bool keys_m = false;
+  if constexpr (Src::kRegDirect) {
+    if (rows <= 8 && p.keys_m) {
+      keys_m = true;
+      KeysMCta c{nb_begin, nb_end, seqlen_k, {0, 0}, {0, 0}, scale_log2, p.score_scale, p.softcap};
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = g + 8 * hh;
-    const float l = quad_sum(row_sum[hh]);
-    if (t == 0) {
-      sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
-      sL[warp * 16 + r] = l;
+      for (int e = 0; e < 2; ++e) {  // query columns 2t, 2t + 1 (padding columns: the last row's keys)
+        const int qi = min(row0 + 2 * t + e, rows_b - 1) / group;
+        c.jlo[e] = static_cast<int>(rule.row_first(qi));
+        c.jhi[e] = static_cast<int>(rule.row_last(qi));
+      }
+      auto run = [&](auto groups) {
+        decode_keys_m<Src, T, kHeadDim, decltype(groups)::value>(src, c, qa, ring, prefetch, sO, sM, sL);
+      };
+      if constexpr (kKAffine || kVAffine) {
+        if (Fold::groups_are(src, kHeadDim)) {
+          run(Whole{});
+        } else if (Fold::groups_are(src, 32)) {
+          run(G32{});
+        } else {
+          run(RunTime{});
+        }
+      } else {
+        run(RunTime{});
+      }
     }
-    if constexpr (Src::kRegDirect) {  // o[dt][e] is channel frag::v_channel(dt, e, t): 16s + 4t + 0..3 per slice s
-#pragma unroll
-      for (int s2 = 0; s2 < kDT / 2; ++s2)
-        *reinterpret_cast<float4*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 4 * t]) =
-            make_float4(o[2 * s2][2 * hh], o[2 * s2 + 1][2 * hh], o[2 * s2][2 * hh + 1], o[2 * s2 + 1][2 * hh + 1]);
+  }
+  if (!keys_m) {
+    // The 16-row loop: compile-time channel groups for affine pages (head_dim <= 128; 256: registers, one loop), and
+    // the one-row-half variant for folded sources (image tiles; register-direct ones under FLASHKV_DECODE_KEYS_M=0).
+    if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {
+      auto by_rows = [&](auto groups) {
+        if (rows <= 8) {
+          mainloop(std::false_type{}, groups, One{});
+        } else {
+          mainloop(std::false_type{}, groups, Two{});
+        }
+      };
+      if (Fold::groups_are(src, kHeadDim)) {
+        by_rows(Whole{});
+      } else if (Fold::groups_are(src, 32)) {  // the _g32 formats (int4_g32: the best 4-bit quality the device decodes)
+        by_rows(G32{});
+      } else {
+        mainloop(std::false_type{}, RunTime{}, Two{});
+      }
+    } else if constexpr (kFolded && kHeadDim <= 128) {
+      if (rows <= 8) {
+        mainloop(std::false_type{}, RunTime{}, One{});
+      } else {
+        mainloop(std::false_type{}, RunTime{}, Two{});
+      }
+    } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
+                                                  min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
+      mainloop(std::false_type{}, RunTime{}, Two{});
     } else {
+      mainloop(std::true_type{}, RunTime{}, Two{});
+    }
+    Fold::finish(src, vscale, pmin, o);
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt)
-        *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
-            make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = g + 8 * hh;
+      const float l = quad_sum(row_sum[hh]);
+      if (t == 0) {
+        sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
+        sL[warp * 16 + r] = l;
+      }
+      if constexpr (Src::kRegDirect) {  // o[dt][e] is channel frag::v_channel(dt, e, t): 16s + 4t + 0..3 per slice s
+#pragma unroll
+        for (int s2 = 0; s2 < kDT / 2; ++s2)
+          *reinterpret_cast<float4*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 4 * t]) =
+              make_float4(o[2 * s2][2 * hh], o[2 * s2 + 1][2 * hh], o[2 * s2][2 * hh + 1], o[2 * s2 + 1][2 * hh + 1]);
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+          *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
+              make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+      }
     }
   }
   __syncthreads();

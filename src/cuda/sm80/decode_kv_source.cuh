@@ -582,6 +582,13 @@ struct KvQuantSource {
     const float2 f = *reinterpret_cast<const float2*>(ptr(stage) + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV) + r * 4);
     return make_float2(f.x * kInv, f.y * kInv);
   }
+  /// token_f32: the factor of block row r of half `half` (the keys-as-M loop's rows g, g + 8).
+  template <int half>
+  __device__ __forceinline__ float token_factor(uint32_t stage, int r) const {
+    constexpr float kInv = 1.0f / (half == 0 ? CodeK::kMul : CodeV::kMul);
+    return *reinterpret_cast<const float*>(ptr(stage) + (half == 0 ? kCodeBlockK : kHalfBytesK + kCodeBlockV) + r * 4) *
+           kInv;
+  }
   /// token_affine: (scale', min') of block row r, channel group gi of half `half`: x̂ = scale' · v16 + min'.
   template <int half>
   __device__ __forceinline__ float2 affine_factors(uint32_t stage, int r, int gi) const {

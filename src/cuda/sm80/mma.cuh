@@ -31,6 +31,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+/// The transpose of one 8x8 matrix of 16-bit elements in the fragment layout (lane 4g + t holds row g, columns
+/// 2t..2t+1; PTX movmatrix, sm_75+): the result holds row g of the transposed matrix, i.e. elements (2t, g), (2t+1, g).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+  return d;
+}
+
 /// d += a * b for one m16n8k16 tile; T is __nv_bfloat16 or __half.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
