@@ -19,6 +19,7 @@
 #include "core/scaling.hpp"
 #include "cuda/check.hpp"
 #include "cuda/decode_append.hpp"
+#include "cuda/decode_kernel_choice.hpp"
 #include "cuda/decode_quant.hpp"
 #include "cuda/decode_splits.hpp"
 #include "cuda/kernels.hpp"
@@ -31,28 +32,35 @@ namespace {
 constexpr int kDecodeBlockN = 64;  // tokens per key block (sm80::DecodeConfig::kBlockN)
 
 /// Decode CTAs of one instantiation resident per SM on `device` (its shared memory and registers; asked of the
-/// launcher once per (instantiation, device), then cached).
-int ctas_per_sm(DecodeLaunch launch, int32_t device) {
+/// launcher once per (instantiation, device, kernel), then cached). The launcher of packed pages picks its kernel by
+/// keys_m_kernel (decode_kernel_choice.hpp), so the query carries what that reads of the plan `p`.
+int ctas_per_sm(DecodeLaunch launch, int32_t device, const core::DecodeProblem& p) {
   struct Known {
     DecodeLaunch launch;
     int32_t device;
+    bool keys_m;
     int ctas;
   };
+  DecodeParams q;
+  int32_t n = 0;
+  q.keys_m = decode_keys_m();
+  q.rows_per_kv_head = static_cast<int32_t>(p.max_seqlen_q * p.group_size());
+  q.head_dim = static_cast<int32_t>(p.head_dim);
+  q.k_format = p.kv.format[0], q.v_format = p.kv.format[1];
+  const bool keys_m = keys_m_kernel(q);
   static std::mutex mu;
   static std::vector<Known> known;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (const Known& k : known)
-      if (k.launch == launch && k.device == device) return k.ctas;
+      if (k.launch == launch && k.device == device && k.keys_m == keys_m) return k.ctas;
   }
-  DecodeParams q;
-  int32_t n = 0;
   q.query_ctas_per_sm = &n;
   launch(q, nullptr);
   if (n < 1) throw UnsupportedError("flashkv: the CUDA decode kernel does not fit on device " + std::to_string(device) +
                                     " (0 resident CTAs per SM at its shared memory)");
   std::lock_guard<std::mutex> lock(mu);
-  known.push_back({launch, device, n});
+  known.push_back({launch, device, keys_m, n});
   return n;
 }
 
@@ -132,7 +140,8 @@ int32_t choose_splits(const core::DecodeProblem& p, DecodeLaunch launch, int64_t
   if (p.num_splits > 0) return p.num_splits;
   const int64_t row_tiles = (p.max_seqlen_q * p.group_size() + 15) / 16;
   const int64_t key_blocks = (std::max<int64_t>(max_k, 1) + kDecodeBlockN - 1) / kDecodeBlockN;
-  return decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks, num_sms(), ctas_per_sm(launch, device),
+  return decode_num_splits(p.batch * p.num_heads_kv * row_tiles, key_blocks, num_sms(),
+                           ctas_per_sm(launch, device, p),
                            raw16_pages(p));
 }
 
@@ -277,6 +286,7 @@ CudaDecodeWork::CudaDecodeWork(const core::DecodeProblem& p) : device_(p.device_
                "decode plan: upload cu_seqlens_q");
   }
   (void)decode_combine_mode();  // FLASHKV_DECODE_COMBINE checked at the first plan, whether or not it splits
+  (void)decode_keys_m();        // FLASHKV_DECODE_KEYS_M likewise
   num_splits_ = choose_splits(p, launch_, max_k, device_);
   rows_ = p.batch * p.num_heads * p.max_seqlen_q;
   if (num_splits_ > 1) {

@@ -262,7 +262,7 @@ void check_block(uint64_t salt) {
                             << "): " << o << " vs " << want;
           }
     }
-    // keys as M (sm80/decode_keys_m.cuh, CTAs of <= 8 query rows): Sᵀ = K · Qᵀ with A = {bk0, bk2, bk1, bk3} (the
+    // keys as M (sm80/decode_keys_m.cuh, CTAs of <= 8 query rows; the kernel's own frag::keys_m_* helpers): Sᵀ = K · Qᵀ with A = {bk0, bk2, bk1, bk3} (the
     // B fragments of keys 0..7 / 8..15 as rows g / g + 8) and B = the Q fragment's rows 0..7 {a0, a2}; Pᵀ's B
     // fragment = movmatrix.trans of the scores' C-layout halves; Oᵀ = Vᵀ · Pᵀ with A = {bv0, bv2, bv1, bv3}, whose
     // rows g / g + 8 of slice s are channels 16s + 2g / 16s + 2g + 1
@@ -275,12 +275,13 @@ void check_block(uint64_t salt) {
           w[i] = pack(row[2 * i], row[2 * i + 1], kBf16);
         }
         frag::permute_q_words(w, n);
-        bt[l][0] = n[l % 4], bt[l][1] = n[4 + l % 4];
+        const uint32_t qa[4] = {n[l % 4], 0u, n[4 + l % 4], 0u};  // the Q A fragment's rows 0..7 (a0, a2)
+        frag::keys_m_q_operand(qa, bt[l]);
         uint32_t lane_w[kChunks / 2][4], bk[4];
         for (int i = 0; i < kChunks / 2; ++i)
           for (int m = 0; m < 4; ++m) lane_w[i][m] = kw[i][l][m];
         frag::k_fragment<C, kBf16, kChunks, kCenteredK>(lane_w, kk, bk);
-        at[l][0] = bk[0], at[l][1] = bk[2], at[l][2] = bk[1], at[l][3] = bk[3];
+        frag::keys_m_operand(bk, at[l]);
       }
       for (int key = 0; key < 16; ++key)
         for (int n = 0; n < 8; ++n) {
@@ -315,13 +316,14 @@ void check_block(uint64_t salt) {
         for (int i = 0; i < kChunks / 2; ++i)
           for (int m = 0; m < 4; ++m) lane_w[i][m] = vw[i][l][m];
         frag::v_fragment<C, kBf16, kChunks>(lane_w, sl, bv);
-        av[l][0] = bv[0], av[l][1] = bv[2], av[l][2] = bv[1], av[l][3] = bv[3];
+        frag::keys_m_operand(bv, av[l]);
       }
       for (int row = 0; row < 16; ++row)
         for (int n = 0; n < 8; ++n) {
           double o = 0;
           for (int k = 0; k < 16; ++k) o += a_elem(av, row, k, kBf16) * b_elem(pt, k, n, kBf16);
-          const int ch = 16 * sl + 2 * (row % 8) + row / 8;
+          const int ch = frag::keys_m_channel(sl, row);
+          EXPECT_EQ(ch, 16 * sl + 2 * (row % 8) + row / 8);  // independent of the helper: the derivation above
           double want = 0;
           for (int key = 0; key < 16; ++key) want += p[n * 64 + warp * 16 + key] * img(warp * 16 + key, ch, false);
           if (o != want && bad++ < 5)

@@ -216,6 +216,18 @@ FLASHKV_HD void v_fragment(const uint32_t (&w)[kChunks / 2][4], int s, uint32_t 
   }
 }
 
+/// Keys-as-M (sm80/decode_keys_m.cuh: Sᵀ = K·Qᵀ, Oᵀ = Vᵀ·Pᵀ). The A operand of one 16-key × 16-channel tile from the
+/// B fragments of its two n8 halves (k_fragment's bk / v_fragment's bv: b0, b1 of keys 0..7 — V: of n8 tile 2s — then
+/// of keys 8..15 / tile 2s + 1): A rows g and g + 8 are those halves' column g, so a = {b[0], b[2], b[1], b[3]}.
+FLASHKV_HD void keys_m_operand(const uint32_t (&b)[4], uint32_t (&a)[4]) {
+  a[0] = b[0], a[1] = b[2], a[2] = b[1], a[3] = b[3];
+}
+/// Qᵀ's B operand of slice kk from the Q tile's A fragment (rows 0..7: the CTA's <= 8 query rows): {a0, a2}.
+FLASHKV_HD void keys_m_q_operand(const uint32_t (&qa)[4], uint32_t (&b)[2]) { b[0] = qa[0], b[1] = qa[2]; }
+/// Channel of row `row` (0..15) of the Oᵀ accumulator of 16-channel slice s: the V A operand's row g is column g of n8
+/// tile 2s (channel 16s + 2g), row g + 8 column g of tile 2s + 1 (16s + 2g + 1).
+FLASHKV_HD constexpr int keys_m_channel(int s, int row) { return 16 * s + 2 * (row % 8) + row / 8; }
+
 /// One row's 16-channel Q slice, natural order (w[i]: channels 2i, 2i + 1) -> the permuted order the K fragments
 /// expect (n[i]: mma k indices 2i, 2i + 1, i.e. channels k_channel(2i), k_channel(2i + 1)).
 FLASHKV_HD void permute_q_words(const uint32_t (&w)[8], uint32_t (&n)[8]) {

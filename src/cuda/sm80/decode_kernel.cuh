@@ -419,9 +419,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   using Two = std::integral_constant<int, 2>;
   // Register-direct packed pages with at most 8 query rows (a decode step, GQA <= 8): the keys-as-M loop
   // (decode_keys_m.cuh; half the MMAs). Its affine variants: compile-time groups of the whole head / 32 channels.
+  // (The keys-as-M kernel, Src::kKeysMOnly, has only this loop: its launcher sends it batches of <= 8 rows per CTA.)
   bool keys_m = false;
   if constexpr (Src::kRegDirect) {
-    if (rows <= 8 && p.keys_m) {
+    if (Src::kKeysMOnly || (rows <= 8 && p.keys_m)) {
       keys_m = true;
       KeysMCta c{nb_begin, nb_end, seqlen_k, {0, 0}, {0, 0}, scale_log2, p.score_scale, p.softcap};
 #pragma unroll
@@ -433,7 +434,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       auto run = [&](auto groups) {
         decode_keys_m<Src, T, kHeadDim, decltype(groups)::value>(src, c, qa, ring, prefetch, sO, sM, sL);
       };
-      if constexpr (kKAffine || kVAffine) {
+      if constexpr (Src::kKeysMOnly) {  // keys_m_kernel (decode_kernel_choice.hpp): whole-head groups only
+        run(Whole{});
+      } else if constexpr (kKAffine || kVAffine) {
         if (Fold::groups_are(src, kHeadDim)) {
           run(Whole{});
         } else if (Fold::groups_are(src, 32)) {
@@ -446,57 +449,59 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
     }
   }
-  if (!keys_m) {
-    // The 16-row loop: compile-time channel groups for affine pages (head_dim <= 128; 256: registers, one loop), and
-    // the one-row-half variant for folded sources (image tiles; register-direct ones under FLASHKV_DECODE_KEYS_M=0).
-    if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {
-      auto by_rows = [&](auto groups) {
-        if (rows <= 8) {
-          mainloop(std::false_type{}, groups, One{});
+  if constexpr (!Src::kKeysMOnly) {
+    if (!keys_m) {
+      // The 16-row loop: compile-time channel groups for affine pages (head_dim <= 128; 256: registers, one loop), and
+      // the one-row-half variant for folded sources (image tiles; register-direct ones under FLASHKV_DECODE_KEYS_M=0).
+      if constexpr ((kKAffine || kVAffine) && kHeadDim <= 128) {
+        auto by_rows = [&](auto groups) {
+          if (rows <= 8) {
+            mainloop(std::false_type{}, groups, One{});
+          } else {
+            mainloop(std::false_type{}, groups, Two{});
+          }
+        };
+        if (Fold::groups_are(src, kHeadDim)) {
+          by_rows(Whole{});
+        } else if (Fold::groups_are(src, 32)) {  // the _g32 formats (int4_g32: the best 4-bit quality the device decodes)
+          by_rows(G32{});
         } else {
-          mainloop(std::false_type{}, groups, Two{});
+          mainloop(std::false_type{}, RunTime{}, Two{});
         }
-      };
-      if (Fold::groups_are(src, kHeadDim)) {
-        by_rows(Whole{});
-      } else if (Fold::groups_are(src, 32)) {  // the _g32 formats (int4_g32: the best 4-bit quality the device decodes)
-        by_rows(G32{});
-      } else {
+      } else if constexpr (kFolded && kHeadDim <= 128) {
+        if (rows <= 8) {
+          mainloop(std::false_type{}, RunTime{}, One{});
+        } else {
+          mainloop(std::false_type{}, RunTime{}, Two{});
+        }
+      } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
+                                                    min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
         mainloop(std::false_type{}, RunTime{}, Two{});
-      }
-    } else if constexpr (kFolded && kHeadDim <= 128) {
-      if (rows <= 8) {
-        mainloop(std::false_type{}, RunTime{}, One{});
       } else {
-        mainloop(std::false_type{}, RunTime{}, Two{});
+        mainloop(std::true_type{}, RunTime{}, Two{});
       }
-    } else if (kFolded || rule.tile_fully_visible(q_lo, q_hi, int64_t{nb_begin} * kBlockN,
-                                                  min(int64_t{nb_end} * kBlockN, static_cast<int64_t>(seqlen_k)))) {
-      mainloop(std::false_type{}, RunTime{}, Two{});
-    } else {
-      mainloop(std::true_type{}, RunTime{}, Two{});
-    }
-    Fold::finish(src, vscale, pmin, o);
-    cp_async_wait<0>();
-    __syncthreads();
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = g + 8 * hh;
-      const float l = quad_sum(row_sum[hh]);
-      if (t == 0) {
-        sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
-        sL[warp * 16 + r] = l;
-      }
-      if constexpr (Src::kRegDirect) {  // o[dt][e] is channel frag::v_channel(dt, e, t): 16s + 4t + 0..3 per slice s
-#pragma unroll
-        for (int s2 = 0; s2 < kDT / 2; ++s2)
-          *reinterpret_cast<float4*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 4 * t]) =
-              make_float4(o[2 * s2][2 * hh], o[2 * s2 + 1][2 * hh], o[2 * s2][2 * hh + 1], o[2 * s2 + 1][2 * hh + 1]);
-      } else {
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-          *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
-              make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+      Fold::finish(src, vscale, pmin, o);
+      cp_async_wait<0>();
+      __syncthreads();
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = g + 8 * hh;
+        const float l = quad_sum(row_sum[hh]);
+        if (t == 0) {
+          sM[warp * 16 + r] = row_max[hh] * (scale_log2 * kLn2);  // -inf stays -inf, NaN stays NaN
+          sL[warp * 16 + r] = l;
+        }
+        if constexpr (Src::kRegDirect) {  // o[dt][e] is channel frag::v_channel(dt, e, t): 16s + 4t + 0..3 per slice s
+  #pragma unroll
+          for (int s2 = 0; s2 < kDT / 2; ++s2)
+            *reinterpret_cast<float4*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 4 * t]) =
+                make_float4(o[2 * s2][2 * hh], o[2 * s2 + 1][2 * hh], o[2 * s2][2 * hh + 1], o[2 * s2 + 1][2 * hh + 1]);
+        } else {
+  #pragma unroll
+          for (int dt = 0; dt < kDT; ++dt)
+            *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + dt * 8 + 2 * t]) =
+                make_float2(o[dt][2 * hh], o[dt][2 * hh + 1]);
+        }
       }
     }
   }

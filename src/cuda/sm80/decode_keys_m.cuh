@@ -25,6 +25,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/decode_params.hpp"
 #include "cuda/sm80/decode_fold.cuh"
+#include "cuda/sm80/decode_frag.hpp"
 #include "cuda/sm80/decode_kv_source.cuh"
 #include "cuda/sm80/mma.cuh"
 
@@ -89,7 +90,7 @@ __device__ __forceinline__ void decode_keys_m(const Src& src, const KeysMCta& c,
   // Qᵀ's B fragments: rows 0..7 of the Q tile's A fragments qa (the CTA has <= 8 query rows)
   uint32_t qb[kS][2];
 #pragma unroll
-  for (int kk = 0; kk < kS; ++kk) qb[kk][0] = qa[kk][0], qb[kk][1] = qa[kk][2];
+  for (int kk = 0; kk < kS; ++kk) frag::keys_m_q_operand(qa[kk], qb[kk]);
   // affine keys: Σ_d q_d of each group (compile-time groups) or slice (run time) for query columns 2t, 2t + 1
   float qsum[kKAffine ? kSlots : 1][2];
   if constexpr (kKAffine) {
@@ -129,7 +130,8 @@ __device__ __forceinline__ void decode_keys_m(const Src& src, const KeysMCta& c,
       for (int kk = 0; kk < kS; ++kk) {
         uint32_t bk[4];
         src.k_frag(kw, kk, bk);
-        const uint32_t a[4] = {bk[0], bk[2], bk[1], bk[3]};
+        uint32_t a[4];
+        frag::keys_m_operand(bk, a);
         mma_16816<T>(qk, a, qb[kk][0], qb[kk][1]);
         if constexpr (kKAffine) {
           if constexpr (kGroup == 0) qacc[0] += qsum[kk][0], qacc[1] += qsum[kk][1];
@@ -256,7 +258,8 @@ __device__ __forceinline__ void decode_keys_m(const Src& src, const KeysMCta& c,
       }
       uint32_t bv[4];
       src.v_frag(vw, s2, bv);
-      const uint32_t a[4] = {bv[0], bv[2], bv[1], bv[3]};
+      uint32_t a[4];
+      frag::keys_m_operand(bv, a);
       mma_16816<TV>(o[s2], a, pb[0], pb[1]);
     }
     prefetch(nb);
@@ -294,7 +297,8 @@ __device__ __forceinline__ void decode_keys_m(const Src& src, const KeysMCta& c,
     }
 #pragma unroll
     for (int s2 = 0; s2 < kS; ++s2)
-      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + 16 * s2 + 2 * g]) = make_float2(o[s2][e], o[s2][e + 2]);
+      *reinterpret_cast<float2*>(&sO[(warp * 16 + r) * kHeadDim + frag::keys_m_channel(s2, g)]) =
+          make_float2(o[s2][e], o[s2][e + 2]);  // channels keys_m_channel(s2, g), keys_m_channel(s2, g + 8)
   }
 }
 

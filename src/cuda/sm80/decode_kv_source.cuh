@@ -60,6 +60,7 @@ struct Kv16Source {
   static constexpr int kConvBytes = 0;
   static constexpr bool kFolded = false;  ///< the tiles hold the values themselves
   static constexpr int kMinCtasPerSm = 1;   ///< no register cap (decode_kernel, not decode_kernel_capped)
+  static constexpr bool kKeysMOnly = false;  ///< not the keys-as-M kernel (KvQuantSource)
   static constexpr bool kReloadQ = false;    ///< Q fragments held in registers for the whole CTA
   static constexpr bool kRegDirect = false;  ///< fragments by ldmatrix from the 16-bit tiles
   static constexpr int kLdsmK = 1, kLdsmV = 1;
@@ -174,18 +175,20 @@ __host__ __device__ constexpr int quant_smem_bytes(int head_dim, int stage_bytes
                                   ? stages * stage_bytes + conv_bytes
                                   : 4 * 16 * (head_dim + 2) * 4);
 }
-/// 3 such CTAs fit an H100 / H200 SM's 228 KB (1 KB reserved per CTA).
-__host__ __device__ constexpr bool quant_fits3(int head_dim, int stage_bytes, int conv_bytes, int stages) {
-  return 3 * (quant_smem_bytes(head_dim, stage_bytes, conv_bytes, stages) + 1024) <= 228 * 1024;
+/// n such CTAs fit an H100 / H200 SM's 228 KB (1 KB reserved per CTA).
+__host__ __device__ constexpr bool quant_fits(int n, int head_dim, int stage_bytes, int conv_bytes, int stages) {
+  return n * (quant_smem_bytes(head_dim, stage_bytes, conv_bytes, stages) + 1024) <= 228 * 1024;
 }
-/// The deepest ring (3 .. max_stages) with which 3 CTAs fit.
-__host__ __device__ constexpr int quant_deepest3(int head_dim, int stage_bytes, int conv_bytes, int max_stages) {
-  int n = 3;
-  while (n < max_stages && quant_fits3(head_dim, stage_bytes, conv_bytes, n + 1)) ++n;
-  return n;
+/// The deepest ring (3 .. max_stages) with which n CTAs fit.
+__host__ __device__ constexpr int quant_deepest(int n, int head_dim, int stage_bytes, int conv_bytes, int max_stages) {
+  int s = 3;
+  while (s < max_stages && quant_fits(n, head_dim, stage_bytes, conv_bytes, s + 1)) ++s;
+  return s;
 }
 
-template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
+/// kKeysMOnly: the source of the keys-as-M kernel (decode_launch.cuh: launched where every CTA has <= 8 query rows;
+/// its own occupancy: 4 CTAs per SM where 4 fit with a 3-stage ring, registers capped to match).
+template <class T, int kHeadDim, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS, bool kKeysMOnly_ = false>
 struct KvQuantSource {
   using TileKV = attn::SmemTile<kDecodeBlockN, kHeadDim>;
   /// Element type of the V images and of P in the P·V MMA: fp16 when V carries per-token scales (token_f32 /
@@ -246,12 +249,21 @@ struct KvQuantSource {
   /// 2–4x smaller than a 16-bit one, and with 3 stages the bytes in flight per SM (3 CTAs x 2 stages ahead: int4
   /// 60 KB, fp8 96 KB) fall short of the 16-bit decode's (2 x 2 x 32 KB). At head_dim 128, register-direct (no
   /// image tile): fp8 4 stages (144 KB in flight), int4 6 (150 KB), int8 3 (its 4th misses 3 CTAs by 3 KB).
-  static constexpr int kMinCtasPerSm = kHeadDim <= 128 && quant_fits3(kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1;
-  static constexpr int kStages = kMinCtasPerSm != 3 ? 3 : quant_deepest3(kHeadDim, kStageBytes, kConvBytes, 6);
+  /// The keys-as-M kernel (kKeysMOnly; register-direct sources only) at 4 CTAs per SM where 4 fit: its loop holds
+  /// half the accumulators of the 16-row one, and 3 CTAs (12 warps per SM) left its int4 loop latency-bound (H200
+  /// run13 call 1: 0.62 instructions issued per scheduler cycle, no warp eligible 38% of cycles, 57% of DRAM).
+  static constexpr bool kKeysMOnly = kKeysMOnly_;
+  static_assert(!kKeysMOnly || kRegDirect, "the keys-as-M loop reads register-direct fragments");
+  static constexpr int kMinCtasPerSm =
+      kKeysMOnly && quant_fits(4, kHeadDim, kStageBytes, kConvBytes, 3)
+          ? 4
+          : (kHeadDim <= 128 && quant_fits(3, kHeadDim, kStageBytes, kConvBytes, 3) ? 3 : 1);
+  static constexpr int kStages =
+      kMinCtasPerSm < 3 ? 3 : quant_deepest(kMinCtasPerSm, kHeadDim, kStageBytes, kConvBytes, 6);
   static constexpr int kSmemBytes = quant_smem_bytes(kHeadDim, kStageBytes, kConvBytes, kStages);
   /// Affine sources under the cap reload the Q fragments from shared memory per block (registers).
   static constexpr bool kReloadQ =
-      (KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine) && kMinCtasPerSm > 1;
+      (KS == kv::KVScaling::token_affine || VS == kv::KVScaling::token_affine) && kMinCtasPerSm > 1 && !kKeysMOnly;
 
   const uint8_t* codes[2];
   const uint8_t* meta[2];

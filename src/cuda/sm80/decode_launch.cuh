@@ -8,6 +8,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/common/decode_combine.cuh"
+#include "cuda/decode_kernel_choice.hpp"
 #include "cuda/sm80/decode_kernel.cuh"
 #include "cuda/util.hpp"
 
@@ -67,9 +68,19 @@ void run_decode(const DecodeParams& p, cudaStream_t stream) {
 }
 
 /// Packed pages: K codes KC scaled by KS, V codes VC scaled by VS (DecodeParams strides in bytes, metadata, formats).
+/// Where the fragments are register-direct and keys_m_kernel(p) (decode_kernel_choice.hpp: the keys-as-M loop on, every CTA
+/// with at most 8 query rows — a decode step with GQA <= 8 —, whole-head affine groups), the keys-as-M kernel (its own
+/// occupancy, KvQuantSource's kKeysMOnly); else the kernel with both loops.
 template <int kHeadDim, class T, kv::KVCode KC, kv::KVScaling KS, kv::KVCode VC, kv::KVScaling VS>
 void run_decode_quant(const DecodeParams& p, cudaStream_t stream) {
-  launch_decode<kHeadDim, T, sm80::KvQuantSource<T, kHeadDim, KC, KS, VC, VS>>(p, stream);
+  using Src = sm80::KvQuantSource<T, kHeadDim, KC, KS, VC, VS>;
+  if constexpr (Src::kRegDirect) {
+    if (keys_m_kernel(p)) {
+      launch_decode<kHeadDim, T, sm80::KvQuantSource<T, kHeadDim, KC, KS, VC, VS, true>>(p, stream);
+      return;
+    }
+  }
+  launch_decode<kHeadDim, T, Src>(p, stream);
 }
 
 }  // namespace flashkv::cuda
